@@ -1,0 +1,116 @@
+// Package advisory takes PostgreSQL advisory locks through a pgx v5
+// connection pool without ever leaking a lock, a transaction or a setting
+// into the pool.
+//
+// A [Locker] wraps a [pgxpool.Pool]. Keys come from package keys: one
+// bigint, or a pair of int4 (PostgreSQL's two key spaces, which never
+// collide), plain, namespaced or hashed from a string.
+//
+//	locker, err := advisory.New(pool, advisory.Config{LockTimeout: 5 * time.Second})
+//	err = locker.WithLock(ctx, keys.Hash("migrations"), nil, func(ctx context.Context, conn *pgx.Conn) error {
+//		return migrate(ctx, conn)
+//	})
+//
+// # Session and transaction locks
+//
+// Session-level locks (pg_advisory_lock: [Locker.WithLock] and friends)
+// belong to a database session, that is, to one connection, and last until
+// unlocked or until the session ends; ROLLBACK does not release them. They
+// suit work that spans transactions or does not use the database at all
+// (a migration runner, a job that calls other services).
+//
+// Transaction-level locks (pg_advisory_xact_lock: [Locker.WithXactLock] and
+// friends) last until the transaction ends, commit or rollback, and cannot
+// be released earlier. They suit work done inside one transaction
+// (per-tenant serialisation of writes): nothing to unlock, nothing to leak.
+// Prefer them whenever the critical section is one transaction.
+//
+// # Why a pinned connection
+//
+// A pool hands each query to whichever connection is free, so a lock taken
+// with pool.Exec belongs to a connection the caller no longer controls: the
+// unlock may run on another connection (and fail), and the locked
+// connection goes back to the pool still holding the lock for the next
+// borrower. Every call here pins one connection from acquire to unlock.
+// After an unlock the library also calls pg_advisory_unlock_all in the same
+// round trip, so even a lock the callback took again on the pinned
+// connection (locks stack: two locks need two unlocks) does not survive
+// into the pool. The unlock's boolean is checked: false means the lock was
+// not held any more, which the call reports as [ErrNotHeld] while the
+// connection is destroyed.
+//
+// # Stacking
+//
+// PostgreSQL advisory locks are re-entrant per session: a session that
+// holds a key can lock it again, and must unlock it as many times. The
+// callback helpers take each key once per call. Contention is between
+// sessions: a second call of this package always uses another connection,
+// so two concurrent WithLock calls on one key exclude each other even in one
+// goroutine (which is why a nested call on the same key deadlocks itself
+// until its timeout).
+//
+// # Cancellation and doubt
+//
+// After any error from a lock statement the library treats the outcome as
+// unknown: the lock may have been granted just before a cancel took effect
+// (with pgx's CancelRequestContextWatcherHandler the server can answer
+// 57014 while holding the lock), or a multi-key statement may have taken
+// some keys before failing. The session's advisory locks are then released
+// with pg_advisory_unlock_all under a fresh context bounded by
+// Config.CleanupTimeout, or, if that fails or the connection was closed,
+// the connection is destroyed. A lock granted after the caller's context
+// has ended is released at once. Unlock, rollback and close always run
+// under context.WithoutCancel with that bound.
+//
+// # Timeouts
+//
+// A blocking wait is bounded by Options.Timeout, else Config.LockTimeout,
+// else only by the context. The bound, and a context deadline (whichever is
+// sooner), becomes PostgreSQL's lock_timeout for that wait only: set with
+// set_config(..., true) inside the lock statement's own implicit
+// transaction for session locks, and restored before the callback for
+// transaction locks. It never reaches the pool. A wait that times out ends
+// with SQLSTATE 55P03 on a healthy connection, which goes back to the pool;
+// the call returns [ErrLockTimeout] (together with
+// context.DeadlineExceeded when the deadline caused it). An explicit
+// cancellation interrupts the wait at once; with pgx's default context
+// handling that closes the connection, which is then destroyed.
+//
+// # Deadlocks
+//
+// Two callers that lock the same keys in opposite orders deadlock;
+// PostgreSQL detects it after deadlock_timeout and fails one with 40P01
+// ([ErrDeadlock]). The multi-key calls ([Locker.WithLockAll],
+// [Locker.WithXactLockAll], ...) sort and de-duplicate their keys with
+// keys.Compare and take them in that order in one round trip, so callers
+// that pass all the keys of a critical section to one call never deadlock
+// each other. Taking keys one call at a time, nested, gives up that
+// guarantee.
+//
+// # Capacity
+//
+// Every held key is an entry in the cluster's shared lock table, sized by
+// max_locks_per_transaction x (max_connections + max_prepared_transactions)
+// (about 6,400 to 12,900 with defaults). When it is full, PostgreSQL fails
+// lock requests with 53200 ([ErrTooManyLocks]) in every session, new
+// logins included. Config.MaxKeys (default [DefaultMaxKeys]) caps the keys
+// of one call before any SQL is sent; a 53200 part-way through a multi-key
+// call leaves nothing held.
+//
+// # Errors
+//
+// Every failure is a [*LockError] naming the operation and keys; it matches
+// the sentinels ([ErrNotAcquired], [ErrLockTimeout], [ErrDeadlock],
+// [ErrTooManyLocks], [ErrNotHeld], [ErrInvalid]) with errors.Is and keeps
+// the *pgconn.PgError and, when the context ended, the context's error in
+// its chain. A callback's own error is returned unchanged.
+//
+// # PgBouncer
+//
+// Behind PgBouncer in transaction pooling mode a session lock belongs to
+// whichever server connection ran the statement, and the next statement may
+// run on another: session locks silently stop excluding anybody. Use the
+// transaction-scope calls there (they keep every statement in one
+// transaction, so they work), with a pgx exec mode PgBouncer accepts
+// (QueryExecModeExec or QueryExecModeSimpleProtocol).
+package advisory

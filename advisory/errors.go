@@ -1,0 +1,158 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgxlock/pgxlock/keys"
+)
+
+// Sentinel errors. Every error a call returns that a caller can act on
+// matches one of these with errors.Is, and keeps the *pgconn.PgError that
+// caused it (errors.As) and, when the caller's context ended, the context's
+// error as well.
+var (
+	// ErrNotAcquired: a Try call found a key held in a conflicting mode.
+	// Nothing is held.
+	ErrNotAcquired = errors.New("advisory: lock not acquired")
+
+	// ErrLockTimeout: a blocking call gave up waiting, because of the
+	// configured or per-call timeout (SQLSTATE 55P03) or the context's
+	// deadline. Nothing is held and the connection was kept.
+	ErrLockTimeout = errors.New("advisory: lock timeout")
+
+	// ErrDeadlock: PostgreSQL chose this call as the victim of a deadlock
+	// (SQLSTATE 40P01). Callers that pass every key of a critical section
+	// to one multi-key call never see it from each other.
+	ErrDeadlock = errors.New("advisory: deadlock detected")
+
+	// ErrTooManyLocks: the server's shared lock table is full (SQLSTATE
+	// 53200). It is sized by max_locks_per_transaction x (max_connections +
+	// max_prepared_transactions); while it is full, every session of the
+	// cluster suffers, new logins included. Release locks, or raise
+	// max_locks_per_transaction (needs a restart).
+	ErrTooManyLocks = errors.New("advisory: out of shared memory for locks (raise max_locks_per_transaction)")
+
+	// ErrNotHeld: an unlock found the key not held by its session: the lock
+	// was released behind the library's back, or was never there. The
+	// connection is destroyed.
+	ErrNotHeld = errors.New("advisory: lock not held")
+
+	// ErrInvalid: bad input (no keys, a zero key, more keys than
+	// Config.MaxKeys, a nil pool or callback, a negative setting). No SQL
+	// was sent.
+	ErrInvalid = errors.New("advisory: invalid input")
+)
+
+// LockError is the typed error of every failed call: which operation, on
+// which keys, and why. Err matches the sentinels above and keeps the cause.
+type LockError struct {
+	// Op is the operation: "lock", "try-lock", "xact-lock", "try-xact-lock",
+	// "unlock", each with a "-shared" suffix for shared mode.
+	Op string
+	// Keys are the keys of the call, sorted and de-duplicated.
+	Keys []keys.Key
+	// Err is the cause; errors.Is and errors.As see through it.
+	Err error
+}
+
+func (e *LockError) Error() string {
+	var b strings.Builder
+	b.WriteString("advisory: ")
+	b.WriteString(e.Op)
+	for i, k := range e.Keys {
+		if i == 0 {
+			b.WriteByte(' ')
+		} else {
+			b.WriteByte(',')
+		}
+		b.WriteString(k.String())
+	}
+	b.WriteString(": ")
+	b.WriteString(strings.TrimPrefix(e.Err.Error(), "advisory: "))
+	return b.String()
+}
+
+// Unwrap returns the cause.
+func (e *LockError) Unwrap() error { return e.Err }
+
+// SQLSTATE codes the package maps to sentinels.
+const (
+	codeLockNotAvailable = "55P03"
+	codeDeadlock         = "40P01"
+	codeOutOfMemory      = "53200"
+	codeQueryCanceled    = "57014"
+)
+
+// classify maps err from a lock statement to the package's sentinels,
+// keeping err itself, and the context's error when ctx has ended, in the
+// chain.
+func classify(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	var sentinel error
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case codeLockNotAvailable:
+			sentinel = ErrLockTimeout
+		case codeDeadlock:
+			sentinel = ErrDeadlock
+		case codeOutOfMemory:
+			sentinel = ErrTooManyLocks
+		}
+	}
+	ctxErr := ctx.Err()
+	if sentinel == nil && errors.Is(ctxErr, context.DeadlineExceeded) {
+		sentinel = ErrLockTimeout // the deadline ended the wait
+	}
+	errs := chain{}
+	if sentinel != nil {
+		errs = append(errs, sentinel)
+	}
+	errs = append(errs, err)
+	if ctxErr != nil && !errors.Is(err, ctxErr) {
+		errs = append(errs, ctxErr)
+	}
+	return errs
+}
+
+// chain is errors.Join with a one-line message: "a: b: c". Every element
+// is visible to errors.Is and errors.As.
+type chain []error
+
+func (c chain) Error() string {
+	parts := make([]string, len(c))
+	for i, e := range c {
+		parts[i] = e.Error()
+	}
+	return strings.Join(parts, ": ")
+}
+
+func (c chain) Unwrap() []error { return c }
+
+// join returns the non-nil errors as one chain, or nil.
+func join(errs ...error) error {
+	var c chain
+	for _, e := range errs {
+		if e != nil {
+			c = append(c, e)
+		}
+	}
+	switch len(c) {
+	case 0:
+		return nil
+	case 1:
+		return c[0]
+	}
+	return c
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
+}

@@ -1,0 +1,300 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/pgxlock/pgxlock/keys"
+	"github.com/pgxlock/pgxlock/pooltx"
+)
+
+// Lock is a session-level advisory lock held on one pinned connection
+// beyond a single function call: a leader loop, a long migration, a
+// command run under a lock. It is returned by [Locker.Lock] and friends.
+//
+// While the lock is held, nobody uses its connection but a watcher, which
+// notices at once when the connection dies (the backend was terminated,
+// the server restarted or closed the socket) and, with a bounded ping every
+// Config.HeartbeatInterval, a frozen server or a silent network partition.
+// PostgreSQL releases a dead session's locks immediately, so another
+// process may already hold the key: the watcher marks the lock lost, closes
+// Done, logs, and destroys the connection.
+//
+// A Lock must be ended with Unlock, also after it was lost. Its methods are
+// safe for concurrent use.
+type Lock struct {
+	l      *Locker
+	c      *pooltx.Conn
+	s      keySet
+	shared bool
+	op     string
+	start  time.Time
+
+	done chan struct{} // closed on loss or Unlock
+
+	mu        sync.Mutex
+	err       error // nil while held; the loss, or errUnlocked
+	waiting   bool  // the watcher is parked in a read with a deadline we may cut short
+	stopping  bool
+	unlockErr error
+	unlocked  bool
+
+	watchDone chan struct{} // closed when the watcher goroutine has returned
+}
+
+// ErrUnlocked is what Lock.Err returns after a successful Unlock.
+var ErrUnlocked = errors.New("advisory: lock released")
+
+// ErrLockLost: the connection that held a session lock died while the lock
+// was supposed to be held, so PostgreSQL released it and another session
+// may hold it now. The holder must stop acting as the lock's owner. It is
+// the cause (context.Cause) of a Hold callback's context and the error of
+// Lock.Err and Lock.Unlock, wrapping what the watcher saw.
+var ErrLockLost = errors.New("advisory: lock lost")
+
+// Lock takes key at session level, waiting as WithLock does, and returns a
+// handle that holds it until Unlock. ctx governs only the acquisition.
+// Errors are those of WithLock.
+func (l *Locker) Lock(ctx context.Context, key keys.Key, opts *Options) (*Lock, error) {
+	return l.lock(ctx, []keys.Key{key}, opts, false)
+}
+
+// TryLock is Lock without waiting; a busy key gives ErrNotAcquired.
+func (l *Locker) TryLock(ctx context.Context, key keys.Key, opts *Options) (*Lock, error) {
+	return l.lock(ctx, []keys.Key{key}, opts, true)
+}
+
+// LockAll takes several keys, all or nothing, as WithLockAll does.
+func (l *Locker) LockAll(ctx context.Context, ks []keys.Key, opts *Options) (*Lock, error) {
+	return l.lock(ctx, ks, opts, false)
+}
+
+// TryLockAll is LockAll without waiting: if any key is busy none is held.
+func (l *Locker) TryLockAll(ctx context.Context, ks []keys.Key, opts *Options) (*Lock, error) {
+	return l.lock(ctx, ks, opts, true)
+}
+
+func (l *Locker) lock(ctx context.Context, ks []keys.Key, opts *Options, try bool) (*Lock, error) {
+	shared := opts.shared()
+	op := opName(sessionOp(try), shared)
+	s, err := newKeySet(ks, l.cfg.MaxKeys)
+	if err != nil {
+		return nil, &LockError{Op: op, Keys: ks, Err: err}
+	}
+	c, err := pooltx.Acquire(ctx, l.pool, l.connOptions())
+	if err != nil {
+		return nil, &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
+	}
+	if err := l.checkProxy(ctx, c, op, s.all); err != nil {
+		c.Release()
+		return nil, err
+	}
+	if err := l.lockSession(ctx, c, &s, op, shared, try, opts); err != nil {
+		c.Release()
+		return nil, err
+	}
+	h := &Lock{
+		l: l, c: c, s: s, shared: shared, op: op, start: time.Now(),
+		done:      make(chan struct{}),
+		watchDone: make(chan struct{}),
+	}
+	go h.watch(context.WithoutCancel(ctx))
+	return h, nil
+}
+
+// Keys returns the keys the lock holds, sorted and de-duplicated.
+func (h *Lock) Keys() []keys.Key { return append([]keys.Key(nil), h.s.all...) }
+
+// Done returns a channel that is closed when the lock is lost or unlocked.
+func (h *Lock) Done() <-chan struct{} { return h.done }
+
+// Err returns nil while the lock is held; after Done is closed, an error
+// matching ErrLockLost (wrapping what killed the connection) if the lock
+// was lost, or ErrUnlocked after Unlock.
+func (h *Lock) Err() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+// Unlock releases the lock and its connection. It is idempotent: later
+// calls return the first call's result. ctx contributes only its values:
+// the unlock runs under a fresh context bounded by Config.CleanupTimeout.
+// It returns nil, or an error matching ErrLockLost if the lock had been
+// lost, or ErrNotHeld if PostgreSQL did not have it any more.
+func (h *Lock) Unlock(ctx context.Context) error {
+	h.mu.Lock()
+	if h.unlocked {
+		err := h.unlockErr
+		h.mu.Unlock()
+		return err
+	}
+	h.unlocked = true
+	h.stopping = true
+	if h.waiting {
+		// Cut the watcher's read short; it resets the deadline itself.
+		_ = h.c.Conn().PgConn().Conn().SetReadDeadline(time.Now())
+	}
+	h.mu.Unlock()
+	<-h.watchDone
+
+	h.mu.Lock()
+	lost := h.err
+	h.mu.Unlock()
+	var err error
+	if lost != nil {
+		err = lost // the watcher has destroyed the connection already
+	} else {
+		err = h.l.unlockSession(ctx, h.c, &h.s, h.shared)
+		h.c.Release()
+		h.l.debug(ctx, "released", h.op, h.s.all, "held", time.Since(h.start))
+	}
+
+	h.mu.Lock()
+	h.unlockErr = err
+	if h.err == nil {
+		h.err = ErrUnlocked
+		close(h.done)
+	}
+	h.mu.Unlock()
+	return err
+}
+
+// lose records the loss once and closes Done.
+func (h *Lock) lose(ctx context.Context, cause error) {
+	err := &LockError{Op: h.op, Keys: h.s.all, Err: join(ErrLockLost, cause)}
+	h.mu.Lock()
+	if h.err == nil {
+		h.err = err
+		close(h.done)
+	}
+	h.mu.Unlock()
+	h.l.warn(ctx, "lock lost; connection destroyed", h.op, h.s.all, "err", cause, "held", time.Since(h.start))
+	h.c.Destroy(err)
+}
+
+// watch runs while the lock is held. It parks in a read on the idle
+// connection (WaitForNotification), which returns at once when the server
+// ends the session or the socket closes, and costs no traffic. Every
+// HeartbeatInterval the read times out and a ping bounded by
+// HeartbeatTimeout checks that the server still answers. Unlock stops it by
+// cutting the read short; the watcher never reads while anything else uses
+// the connection, because nothing else does until it has returned.
+func (h *Lock) watch(ctx context.Context) {
+	defer close(h.watchDone)
+	pg := h.c.Conn().PgConn()
+	nc := pg.Conn()
+	interval, timeout := h.l.cfg.HeartbeatInterval, h.l.cfg.HeartbeatTimeout
+	for {
+		h.mu.Lock()
+		if h.stopping {
+			h.mu.Unlock()
+			return
+		}
+		h.waiting = true
+		var deadline time.Time
+		if interval > 0 {
+			deadline = time.Now().Add(interval)
+		}
+		_ = nc.SetReadDeadline(deadline)
+		h.mu.Unlock()
+
+		// context.Background: no pgx context watcher (which could send
+		// cancel requests); the read deadline above is the only timer.
+		err := pg.WaitForNotification(context.Background())
+
+		h.mu.Lock()
+		h.waiting = false
+		_ = nc.SetReadDeadline(time.Time{})
+		stopping := h.stopping
+		h.mu.Unlock()
+
+		switch {
+		case stopping && (err == nil || isTimeout(err)):
+			return
+		case err == nil:
+			continue // a notification for a channel the caller LISTENed to
+		case isTimeout(err) && !pg.IsClosed():
+			pctx, cancel := context.WithTimeout(ctx, timeout)
+			perr := pg.Ping(pctx)
+			cancel()
+			if perr != nil {
+				h.lose(ctx, perr)
+				return
+			}
+		default:
+			h.lose(ctx, err)
+			return
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	var te interface{ Timeout() bool }
+	return errors.As(err, &te) && te.Timeout()
+}
+
+// Hold takes key like Lock and runs fn while holding it, with a context
+// that is cancelled, with cause ErrLockLost (see context.Cause), as soon as
+// the lock is lost. fn does not get the connection: it stays with the
+// watcher. Use it for work done elsewhere (other pools, other services)
+// that must stop when the lock goes. Hold unlocks when fn returns and
+// returns fn's error, joined with an error matching ErrLockLost if the lock
+// was lost meanwhile. A panic in fn releases the lock and is re-raised.
+func (l *Locker) Hold(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context) error) error {
+	return l.hold(ctx, []keys.Key{key}, opts, false, fn)
+}
+
+// TryHold is Hold without waiting; a busy key gives ErrNotAcquired.
+func (l *Locker) TryHold(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context) error) error {
+	return l.hold(ctx, []keys.Key{key}, opts, true, fn)
+}
+
+// HoldAll is Hold for several keys, all or nothing.
+func (l *Locker) HoldAll(ctx context.Context, ks []keys.Key, opts *Options, fn func(ctx context.Context) error) error {
+	return l.hold(ctx, ks, opts, false, fn)
+}
+
+// TryHoldAll is HoldAll without waiting.
+func (l *Locker) TryHoldAll(ctx context.Context, ks []keys.Key, opts *Options, fn func(ctx context.Context) error) error {
+	return l.hold(ctx, ks, opts, true, fn)
+}
+
+func (l *Locker) hold(ctx context.Context, ks []keys.Key, opts *Options, try bool, fn func(ctx context.Context) error) error {
+	if fn == nil {
+		return &LockError{Op: opName(sessionOp(try), opts.shared()), Keys: ks, Err: invalid("nil callback")}
+	}
+	h, err := l.lock(ctx, ks, opts, try)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	finished := make(chan struct{})
+	relayed := make(chan struct{})
+	go func() { // relays a loss to fctx; owned: waited for below
+		defer close(relayed)
+		select {
+		case <-h.Done():
+			if err := h.Err(); err != nil && !errors.Is(err, ErrUnlocked) {
+				cancel(err)
+			}
+		case <-finished:
+		}
+	}()
+	defer func() {
+		close(finished)
+		<-relayed
+	}()
+	panicked := true
+	defer func() {
+		if panicked {
+			_ = h.Unlock(ctx)
+		}
+	}()
+	fnErr := fn(fctx)
+	panicked = false
+	return join(fnErr, h.Unlock(ctx))
+}

@@ -1,0 +1,56 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgxlock/pgxlock/keys"
+	"github.com/pgxlock/pgxlock/pooltx"
+)
+
+// ErrProxy: a session-scope call found a connection proxy (PgBouncer or
+// similar) between the pool and PostgreSQL. In transaction pooling mode a
+// session lock stays on whichever server connection ran the statement, so
+// it neither excludes the next caller nor can be unlocked reliably. Use the
+// transaction-scope calls (WithXactLock...), which keep working, or set
+// Config.AllowProxy for a proxy in session pooling mode.
+var ErrProxy = errors.New("advisory: session locks refused through a connection proxy (PgBouncer?)")
+
+// DetectProxy reports whether conn talks to PostgreSQL through a proxy.
+// It compares the backend process ID that the server announced when the
+// connection was opened with the one a query reports now: PgBouncer
+// announces an ID of its own. One round trip.
+func DetectProxy(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	var pid uint32
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		return false, fmt.Errorf("advisory: detect proxy: %w", err)
+	}
+	return pid != conn.PgConn().PID(), nil
+}
+
+// checkProxy runs DetectProxy on the first session-scope call of the
+// Locker (and again after a check that failed), unless AllowProxy is set.
+func (l *Locker) checkProxy(ctx context.Context, c *pooltx.Conn, op string, ks []keys.Key) error {
+	if l.cfg.AllowProxy {
+		return nil
+	}
+	l.proxyMu.Lock()
+	defer l.proxyMu.Unlock()
+	if !l.proxyChecked {
+		proxied, err := DetectProxy(ctx, c.Conn())
+		if err != nil {
+			return &LockError{Op: op, Keys: ks, Err: classify(ctx, err)}
+		}
+		l.proxyChecked, l.proxied = true, proxied
+		if proxied {
+			l.warn(ctx, "connection proxy detected; session locks refused", op, ks)
+		}
+	}
+	if l.proxied {
+		return &LockError{Op: op, Keys: ks, Err: ErrProxy}
+	}
+	return nil
+}

@@ -1,0 +1,210 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgxlock/pgxlock/keys"
+	"github.com/pgxlock/pgxlock/pooltx"
+)
+
+// WithLock takes key at session level on one pinned pooled connection,
+// waiting while it is held in a conflicting mode, runs fn, unlocks and
+// releases the connection.
+//
+// fn may use conn, the connection that holds the lock; it must not close
+// it, keep it after returning, or change session settings. Any session-level
+// advisory lock fn leaves on conn is released with the lock; a transaction
+// fn leaves open destroys the connection.
+//
+// ctx governs the wait for a connection, the wait for the lock and fn. The
+// wait ends with ErrLockTimeout after Options.Timeout, Config.LockTimeout or
+// at ctx's deadline, whichever comes first, and with ctx's error when ctx is
+// cancelled. If the lock is granted but ctx has ended by then, the lock is
+// released at once and the call returns ctx's error: a granted lock is never
+// left behind. Unlock runs under a fresh context bounded by
+// Config.CleanupTimeout.
+//
+// It returns fn's error unchanged when the lock was taken and released
+// cleanly. Otherwise the error is a *LockError matching ErrLockTimeout,
+// ErrDeadlock, ErrTooManyLocks, ErrNotHeld (the unlock found the lock
+// gone: the connection is destroyed) or ErrInvalid. A panic in fn destroys
+// the connection, which releases the lock server-side, and is re-raised.
+func (l *Locker) WithLock(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
+	return l.withSession(ctx, []keys.Key{key}, opts, false, fn)
+}
+
+// TryWithLock is WithLock without waiting: when key is held in a
+// conflicting mode it returns a *LockError matching ErrNotAcquired and fn
+// does not run.
+func (l *Locker) TryWithLock(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
+	return l.withSession(ctx, []keys.Key{key}, opts, true, fn)
+}
+
+// WithLockAll is WithLock for several keys at once, all or nothing. The
+// keys are sorted by keys.Compare and de-duplicated, then taken in that
+// order in one round trip, so callers that each pass every key they need
+// in one call can never deadlock each other, whatever order they list them
+// in. When any wait fails, every key taken so far is released before the
+// call returns. Options.Timeout bounds the wait for each key; a context
+// deadline bounds the whole call.
+func (l *Locker) WithLockAll(ctx context.Context, ks []keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
+	return l.withSession(ctx, ks, opts, false, fn)
+}
+
+// TryWithLockAll is WithLockAll without waiting: if any key is busy, none
+// stays held and it returns ErrNotAcquired.
+func (l *Locker) TryWithLockAll(ctx context.Context, ks []keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
+	return l.withSession(ctx, ks, opts, true, fn)
+}
+
+func (l *Locker) connOptions() *pooltx.ConnOptions {
+	return &pooltx.ConnOptions{CleanupTimeout: l.cfg.CleanupTimeout}
+}
+
+func (l *Locker) withSession(ctx context.Context, ks []keys.Key, opts *Options, try bool, fn func(ctx context.Context, conn *pgx.Conn) error) error {
+	shared := opts.shared()
+	op := opName(sessionOp(try), shared)
+	if fn == nil {
+		return &LockError{Op: op, Keys: ks, Err: invalid("nil callback")}
+	}
+	s, err := newKeySet(ks, l.cfg.MaxKeys)
+	if err != nil {
+		return &LockError{Op: op, Keys: ks, Err: err}
+	}
+	c, err := pooltx.Acquire(ctx, l.pool, l.connOptions())
+	if err != nil {
+		return &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
+	}
+	defer c.Release()
+	if err := l.checkProxy(ctx, c, op, s.all); err != nil {
+		return err
+	}
+	if err := l.lockSession(ctx, c, &s, op, shared, try, opts); err != nil {
+		return err
+	}
+	start := time.Now()
+	panicked := true
+	defer func() {
+		if panicked {
+			// Destroying the connection ends its session and every lock
+			// in it; pooltx re-raises nothing here, so re-raise ourselves.
+			r := recover()
+			c.Destroy(errors.New("advisory: callback panicked"))
+			l.warn(ctx, "callback panicked; connection destroyed", op, s.all)
+			if r != nil {
+				panic(r)
+			}
+		}
+	}()
+	fnErr := fn(ctx, c.Conn())
+	panicked = false
+	uerr := l.unlockSession(ctx, c, &s, shared)
+	l.debug(ctx, "released", op, s.all, "held", time.Since(start))
+	return join(fnErr, uerr)
+}
+
+func sessionOp(try bool) kind {
+	if try {
+		return kindTryLock
+	}
+	return kindLock
+}
+
+func opName(k kind, shared bool) string {
+	name := [...]string{
+		kindLock:        "lock",
+		kindTryLock:     "try-lock",
+		kindXactLock:    "xact-lock",
+		kindTryXactLock: "try-xact-lock",
+		kindUnlock:      "unlock",
+	}[k]
+	if shared {
+		name += "-shared"
+	}
+	return name
+}
+
+// lockSession takes the keys of s at session level on c. On any failure
+// nothing stays held by c: the locks a failed or partly granted statement
+// may have left are released, or c is marked dirty.
+func (l *Locker) lockSession(ctx context.Context, c *pooltx.Conn, s *keySet, op string, shared, try bool, opts *Options) error {
+	qctx, timeout, stop := ctx, "", func() {}
+	if !try {
+		qctx, timeout, stop = l.waitContext(ctx, l.timeout(opts))
+	}
+	defer stop()
+
+	falses := 0
+	check := drain
+	if try {
+		check = boolResults(&falses)
+	}
+	b := &pgx.Batch{}
+	s.queue(b, sessionOp(try), shared, timeout, check)
+	if err := c.Conn().SendBatch(qctx, b).Close(); err != nil {
+		// The outcome is unknown: a lock may have been granted just before
+		// the error (a cancel racing the grant), or a multi-key statement
+		// may have taken some keys before failing.
+		l.releaseAfterFailure(ctx, c, op, s.all)
+		return &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
+	}
+	if falses > 0 {
+		if falses < len(s.all) {
+			l.releaseAfterFailure(ctx, c, op, s.all)
+		}
+		return &LockError{Op: op, Keys: s.all, Err: join(ErrNotAcquired, ctx.Err())}
+	}
+	if ctx.Err() != nil {
+		// Granted, but the caller has gone: give it back now.
+		err := l.unlockSession(ctx, c, s, shared)
+		return &LockError{Op: op, Keys: s.all, Err: join(classify(ctx, ctx.Err()), err)}
+	}
+	l.debug(ctx, "acquired", op, s.all)
+	return nil
+}
+
+// releaseAfterFailure drops every session-level advisory lock c may hold
+// after a failed lock statement, under a fresh bounded context; if that is
+// impossible, c is marked dirty so that it is destroyed.
+func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn, op string, ks []keys.Key) {
+	if c.Conn().IsClosed() {
+		c.MarkDirty(errors.New("advisory: connection closed during lock"))
+		return
+	}
+	cctx, cancel := pooltx.CleanupContext(ctx, c.CleanupTimeout())
+	defer cancel()
+	if _, err := c.Conn().Exec(cctx, sqlUnlockAll); err != nil {
+		c.MarkDirty(&pooltx.CleanupError{Step: "unlock", Err: err})
+		l.warn(ctx, "unlock after failed lock failed; connection destroyed", op, ks, "err", err)
+	}
+}
+
+// unlockSession releases the keys of s on c, in reverse order, and then
+// any other session-level advisory lock left on c, in one round trip under
+// a fresh bounded context. A false unlock (the lock was not held) or a
+// failure marks c dirty.
+func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, shared bool) error {
+	cctx, cancel := pooltx.CleanupContext(ctx, c.CleanupTimeout())
+	defer cancel()
+	falses := 0
+	b := &pgx.Batch{}
+	s.queue(b, kindUnlock, shared, "", boolResults(&falses))
+	b.Queue(sqlUnlockAll)
+	op := opName(kindUnlock, shared)
+	if err := c.Conn().SendBatch(cctx, b).Close(); err != nil {
+		cerr := &pooltx.CleanupError{Step: "unlock", Err: err}
+		c.MarkDirty(cerr)
+		l.warn(ctx, "unlock failed; connection destroyed", op, s.all, "err", err)
+		return &LockError{Op: op, Keys: s.all, Err: cerr}
+	}
+	if falses > 0 {
+		c.MarkDirty(ErrNotHeld)
+		l.warn(ctx, "unlock found the lock not held; connection destroyed", op, s.all)
+		return &LockError{Op: op, Keys: s.all, Err: ErrNotHeld}
+	}
+	return nil
+}
