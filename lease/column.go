@@ -1,0 +1,280 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ColumnConfig describes a column lease: a lease stored in three columns of an
+// existing table, one lease per row. The zero value of every field except
+// Table and TTL is a documented default.
+type ColumnConfig struct {
+	// Schema of the table. Empty: the connection's search_path decides.
+	Schema string
+	// Table holding the rows to lease. Required.
+	Table string
+	// IDColumn identifies a row; it must be unique (a primary key). Default "id".
+	IDColumn string
+	// LockedAtColumn is a nullable timestamptz: NULL when free, else the
+	// database time of the last acquisition or renewal. Default "locked_at".
+	LockedAtColumn string
+	// OwnerColumn is a nullable text or uuid column holding the random token
+	// of the current acquisition. Release and Renew only touch a row whose
+	// owner is still theirs. Default "locked_by".
+	OwnerColumn string
+	// FenceColumn is a bigint NOT NULL DEFAULT 0 incremented by every
+	// acquisition; its new value is the fencing token. Default "lock_fence".
+	FenceColumn string
+	// TTL after which a lease that was neither renewed nor released may be
+	// taken by the next acquirer. Required, > 0. Every process leasing this
+	// table must use the same TTL: the row stores when it was locked, not
+	// when it expires, so each acquirer judges staleness by its own TTL.
+	TTL time.Duration
+	// ReleaseTimeout bounds the release TryDo runs after its callback, and the
+	// give-back after an acquisition whose outcome is unknown. Default 5s.
+	ReleaseTimeout time.Duration
+}
+
+// DefaultReleaseTimeout is the release bound used when a config leaves it zero.
+const DefaultReleaseTimeout = 5 * time.Second
+
+// Column leases rows of one table through its lock columns. It is safe for
+// concurrent use and holds no connection between calls.
+type Column struct {
+	pool           *pgxpool.Pool
+	table          string // quoted, qualified; for errors and DDL
+	ttl            time.Duration
+	releaseTimeout time.Duration
+	acquireSQL     string
+	renewSQL       string
+	releaseSQL     string
+	migrateSQL     string
+}
+
+// The column-lease statements. Each is one round trip, run outside any
+// transaction, so the change is committed before the call returns. The
+// second output column tells "row missing" (ErrNotFound) apart from "row
+// not ours / not free"; it reads the statement's snapshot, so a row deleted
+// concurrently may still be reported as contention rather than missing.
+//
+// Placeholders: {t} table, {id}, {at} locked-at, {by} owner, {fence} columns.
+const (
+	// The compare-and-swap. A concurrent acquirer blocks on the row lock for
+	// the few microseconds this statement holds it, then re-evaluates the
+	// WHERE clause against the committed row (READ COMMITTED's EvalPlanQual)
+	// and matches nothing: exactly one wins.
+	columnAcquireSQL = `
+WITH claimed AS (
+	UPDATE {t} SET {at} = now(), {by} = $2, {fence} = coalesce({fence}, 0) + 1
+	WHERE {id} = $1 AND ({at} IS NULL OR {at} < now() - $3::interval)
+	RETURNING {fence} AS token
+)
+SELECT (SELECT token FROM claimed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
+
+	// A lease past its TTL cannot be renewed even if nobody has taken it:
+	// its holder already stopped trusting it (see Do), and reviving it would
+	// make "expired" mean different things to different parties.
+	columnRenewSQL = `
+WITH renewed AS (
+	UPDATE {t} SET {at} = now()
+	WHERE {id} = $1 AND {by} = $2 AND {at} >= now() - $3::interval
+	RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM renewed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
+
+	// Release clears the lease if it is still ours, expired or not: an
+	// expired lease nobody took over is still only ours. The fence column
+	// keeps its value so tokens keep increasing.
+	columnReleaseSQL = `
+WITH released AS (
+	UPDATE {t} SET {at} = NULL, {by} = NULL
+	WHERE {id} = $1 AND {by} = $2
+	RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM released), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
+)
+
+// NewColumn validates cfg and prepares the statements. It sends nothing to the
+// database. Errors wrap ErrInvalid.
+func NewColumn(pool *pgxpool.Pool, cfg ColumnConfig) (*Column, error) {
+	const op = "new column"
+	if pool == nil {
+		return nil, opError(op, "", fmt.Errorf("%w: nil pool", ErrInvalid))
+	}
+	if cfg.IDColumn == "" {
+		cfg.IDColumn = "id"
+	}
+	if cfg.LockedAtColumn == "" {
+		cfg.LockedAtColumn = "locked_at"
+	}
+	if cfg.OwnerColumn == "" {
+		cfg.OwnerColumn = "locked_by"
+	}
+	if cfg.FenceColumn == "" {
+		cfg.FenceColumn = "lock_fence"
+	}
+	if cfg.ReleaseTimeout == 0 {
+		cfg.ReleaseTimeout = DefaultReleaseTimeout
+	}
+	if cfg.Schema != "" {
+		if err := checkIdentifier("schema", cfg.Schema); err != nil {
+			return nil, opError(op, "", err)
+		}
+	}
+	for _, c := range []struct{ what, name string }{
+		{"table", cfg.Table}, {"id column", cfg.IDColumn}, {"locked-at column", cfg.LockedAtColumn},
+		{"owner column", cfg.OwnerColumn}, {"fence column", cfg.FenceColumn},
+	} {
+		if err := checkIdentifier(c.what, c.name); err != nil {
+			return nil, opError(op, "", err)
+		}
+	}
+	cols := map[string]string{cfg.IDColumn: "id", cfg.LockedAtColumn: "locked-at", cfg.OwnerColumn: "owner", cfg.FenceColumn: "fence"}
+	if len(cols) != 4 {
+		return nil, opError(op, "", fmt.Errorf("%w: the id, locked-at, owner and fence columns must be four distinct columns", ErrInvalid))
+	}
+	if cfg.TTL <= 0 {
+		return nil, opError(op, "", fmt.Errorf("%w: TTL must be > 0, got %v", ErrInvalid, cfg.TTL))
+	}
+	if cfg.ReleaseTimeout < 0 {
+		return nil, opError(op, "", fmt.Errorf("%w: negative release timeout", ErrInvalid))
+	}
+	table := qualify(cfg.Schema, cfg.Table)
+	r := strings.NewReplacer(
+		"{t}", table, "{id}", quote(cfg.IDColumn), "{at}", quote(cfg.LockedAtColumn),
+		"{by}", quote(cfg.OwnerColumn), "{fence}", quote(cfg.FenceColumn),
+	)
+	return &Column{
+		pool:           pool,
+		table:          table,
+		ttl:            cfg.TTL,
+		releaseTimeout: cfg.ReleaseTimeout,
+		acquireSQL:     r.Replace(columnAcquireSQL),
+		renewSQL:       r.Replace(columnRenewSQL),
+		releaseSQL:     r.Replace(columnReleaseSQL),
+		migrateSQL:     r.Replace(columnMigrateSQL),
+	}, nil
+}
+
+// TTL returns the configured lease duration.
+func (c *Column) TTL() time.Duration { return c.ttl }
+
+// TryAcquire claims the row whose id column equals id, if it is free or its
+// lease is older than the TTL. It never waits for a holder.
+//
+// ctx governs the one statement. It returns ErrNotAcquired when another
+// holder's lease is live, ErrNotFound when no row has this id, ErrInvalid for
+// a nil id. If the statement's outcome is unknown (the connection failed or
+// ctx ended after it was sent), TryAcquire clears the row if the lease turns
+// out to be ours, under a fresh context bounded by ReleaseTimeout, and
+// returns the original error.
+func (c *Column) TryAcquire(ctx context.Context, id any) (*ColumnLease, error) {
+	const op = "try acquire"
+	if id == nil {
+		return nil, opError(op, "", fmt.Errorf("%w: nil id", ErrInvalid))
+	}
+	l := &ColumnLease{c: c, id: id, owner: newID()}
+	l.started = time.Now()
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil { // nothing was sent
+		return nil, opError(op, l.Resource(), err)
+	}
+	var token *int64
+	var exists bool
+	err = conn.QueryRow(ctx, c.acquireSQL, id, l.owner, c.ttl).Scan(&token, &exists)
+	conn.Release() // a connection broken by ctx is closed, and the pool destroys it
+	switch {
+	case err != nil:
+		if outcomeUnknown(err) {
+			l.giveBack(ctx)
+		}
+		return nil, opError(op, l.Resource(), err)
+	case token != nil:
+		l.token = *token
+		return l, nil
+	case !exists:
+		return nil, opError(op, l.Resource(), ErrNotFound)
+	default:
+		return nil, opError(op, l.Resource(), ErrNotAcquired)
+	}
+}
+
+// ColumnLease is one acquisition of a row. Its methods are safe for
+// concurrent use; it holds no connection.
+type ColumnLease struct {
+	c       *Column
+	id      any
+	owner   string
+	token   int64
+	started time.Time // local monotonic time the acquiring statement was sent
+}
+
+// ID returns the leased row's id as passed to TryAcquire.
+func (l *ColumnLease) ID() any { return l.id }
+
+// Resource returns the row id formatted with %v, as used in errors.
+func (l *ColumnLease) Resource() string { return fmt.Sprint(l.id) }
+
+// Owner returns the random token stored in the owner column while held.
+func (l *ColumnLease) Owner() string { return l.owner }
+
+// Token returns the fencing token: the fence column's value after this
+// acquisition. It is strictly greater than every earlier acquisition's token
+// of the same row.
+func (l *ColumnLease) Token() int64 { return l.token }
+
+// Renew restarts the TTL from the database's now(). ctx governs the one
+// statement. It returns ErrLeaseLost if the lease expired, was released or was
+// taken over, ErrNotFound if the row is gone.
+func (l *ColumnLease) Renew(ctx context.Context) error {
+	return l.scoped(ctx, "renew", l.c.renewSQL, l.id, l.owner, l.c.ttl)
+}
+
+// Release frees the row if the lease is still this one's. ctx governs the one
+// statement; callers that release on the way out of a cancelled operation
+// should pass context.WithoutCancel(ctx) with a timeout (TryDo does). It
+// returns ErrLeaseLost if another acquirer took the row over (or it was
+// already released), ErrNotFound if the row is gone. Releasing an expired
+// lease nobody took over succeeds.
+func (l *ColumnLease) Release(ctx context.Context) error {
+	return l.scoped(ctx, "release", l.c.releaseSQL, l.id, l.owner)
+}
+
+func (l *ColumnLease) scoped(ctx context.Context, op, sql string, args ...any) error {
+	var ours, exists bool
+	if err := l.c.pool.QueryRow(ctx, sql, args...).Scan(&ours, &exists); err != nil {
+		return opError(op, l.Resource(), err)
+	}
+	switch {
+	case ours:
+		return nil
+	case !exists:
+		return opError(op, l.Resource(), ErrNotFound)
+	default:
+		return opError(op, l.Resource(), ErrLeaseLost)
+	}
+}
+
+// giveBack releases an acquisition whose outcome is unknown. Because the
+// owner token is fresh, the release matches only if this very statement won.
+func (l *ColumnLease) giveBack(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.releaseTimeout)
+	defer cancel()
+	_ = l.Release(rctx) // best effort: the TTL is the safety net if this fails too
+}
+
+// keepAlive adapts a column lease to the Do machinery.
+func (l *ColumnLease) keepAlive() keepAlive {
+	return keepAlive{
+		resource: l.Resource(),
+		ttl:      l.c.ttl,
+		started:  l.started,
+		renew:    l.Renew,
+		release:  l.Release,
+		timeout:  l.c.releaseTimeout,
+	}
+}

@@ -1,0 +1,215 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// DoOptions are per-call settings for Do and TryDo; a nil pointer means all
+// defaults.
+type DoOptions struct {
+	// Acquire holds the acquisition options of Manager.Do and Manager.TryDo
+	// (mode, TTL, owner, metadata). Column leases take their TTL from
+	// ColumnConfig and ignore it.
+	Acquire *AcquireOptions
+	// RenewEvery is the interval between renewals. Default TTL/3. It must be
+	// shorter than TTL-Margin, or the trust window would close before the
+	// first renewal.
+	RenewEvery time.Duration
+	// Margin is how long before the TTL runs out, counted from the start of
+	// the last successful acquisition or renewal statement, the callback
+	// stops being trusted. It covers the time the callback needs to notice
+	// cancellation and stop, and any drift between the local and database
+	// clock rates. Default TTL/10.
+	Margin time.Duration
+}
+
+// Do acquires the lease (waiting as Acquire does), runs fn, and releases.
+//
+// While fn runs, a goroutine renews the lease every RenewEvery. fn's context
+// is cancelled with a cause wrapping ErrLeaseLost (see context.Cause) as soon
+// as a renewal reports the lease lost, or when the trust window closes: the
+// start of the winning acquisition (or of the last successful renewal)
+// plus TTL minus Margin, measured on the local monotonic clock. The window
+// only ever makes the callback stop early; no lease decision uses it.
+// Transient renewal errors are retried until the window closes.
+//
+// ctx governs the acquisition and is the parent of fn's context. The renewal
+// goroutine is stopped and waited for before the release, which runs under
+// context.WithoutCancel(ctx) bounded by ReleaseTimeout, also when fn panics
+// (the panic then continues). Do returns fn's error, joined with the loss
+// (wrapping ErrLeaseLost, even if fn returned nil: its work was not
+// protected to the end) and with any release error.
+func (m *Manager) Do(ctx context.Context, resource string, opts *DoOptions, fn func(ctx context.Context, l *Lease) error) error {
+	return m.do(ctx, "do", resource, opts, m.Acquire, fn)
+}
+
+// TryDo is Do with a single acquisition attempt: it returns ErrNotAcquired
+// at once if the lease is held.
+func (m *Manager) TryDo(ctx context.Context, resource string, opts *DoOptions, fn func(ctx context.Context, l *Lease) error) error {
+	return m.do(ctx, "try do", resource, opts, m.TryAcquire, fn)
+}
+
+type acquireFunc func(context.Context, string, *AcquireOptions) (*Lease, error)
+
+func (m *Manager) do(ctx context.Context, op, resource string, opts *DoOptions, acquire acquireFunc, fn func(context.Context, *Lease) error) error {
+	var acq *AcquireOptions
+	if opts != nil {
+		acq = opts.Acquire
+	}
+	ttl := m.ttl
+	if acq != nil && acq.TTL != 0 {
+		ttl = acq.TTL
+	}
+	s, err := newSchedule(op, resource, ttl, opts)
+	if err != nil {
+		return err
+	}
+	l, err := acquire(ctx, resource, acq)
+	if err != nil {
+		return err
+	}
+	return run(ctx, l.keepAlive(), s, func(ctx context.Context) error { return fn(ctx, l) })
+}
+
+// TryDo claims the row (as TryAcquire), runs fn, and releases, renewing in
+// the background exactly as Manager.Do does. It returns ErrNotAcquired or
+// ErrNotFound at once if the row cannot be claimed.
+func (c *Column) TryDo(ctx context.Context, id any, opts *DoOptions, fn func(ctx context.Context, l *ColumnLease) error) error {
+	s, err := newSchedule("try do", fmt.Sprint(id), c.ttl, opts)
+	if err != nil {
+		return err
+	}
+	l, err := c.TryAcquire(ctx, id)
+	if err != nil {
+		return err
+	}
+	return run(ctx, l.keepAlive(), s, func(ctx context.Context) error { return fn(ctx, l) })
+}
+
+// schedule is a validated renewal plan.
+type schedule struct{ every, margin time.Duration }
+
+func newSchedule(op, resource string, ttl time.Duration, o *DoOptions) (schedule, error) {
+	if o == nil {
+		o = &DoOptions{}
+	}
+	s := schedule{every: o.RenewEvery, margin: o.Margin}
+	if ttl <= 0 {
+		return s, opError(op, resource, fmt.Errorf("%w: TTL must be > 0, got %v", ErrInvalid, ttl))
+	}
+	if s.every == 0 {
+		s.every = ttl / 3
+	}
+	if s.margin == 0 {
+		s.margin = ttl / 10
+	}
+	switch {
+	case s.every < 0 || s.margin < 0:
+		return s, opError(op, resource, fmt.Errorf("%w: negative renew interval or margin", ErrInvalid))
+	case s.every+s.margin >= ttl:
+		return s, opError(op, resource, fmt.Errorf("%w: renew interval %v plus margin %v must be shorter than the TTL %v", ErrInvalid, s.every, s.margin, ttl))
+	}
+	return s, nil
+}
+
+// keepAlive is what the Do machinery needs from either lease form.
+type keepAlive struct {
+	resource string
+	ttl      time.Duration
+	started  time.Time // local monotonic start of the winning acquisition statement
+	renew    func(context.Context) error
+	release  func(context.Context) error
+	timeout  time.Duration // release bound
+}
+
+// run is the body shared by every Do form: keeper goroutine, callback,
+// ordered shutdown, bounded release, error assembly.
+func run(ctx context.Context, k keepAlive, s schedule, fn func(context.Context) error) error {
+	fctx, cancelFn := context.WithCancelCause(ctx)
+	defer cancelFn(nil)
+	kctx, stopKeeper := context.WithCancel(ctx)
+	defer stopKeeper()
+
+	var lost error // set by the keeper; read only after wg.Wait
+	var wg sync.WaitGroup
+	wg.Go(func() { lost = k.keep(kctx, s, cancelFn) })
+
+	finish := func() error {
+		stopKeeper() // also interrupts a renewal in flight
+		wg.Wait()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.timeout)
+		defer cancel()
+		return k.release(rctx)
+	}
+	panicked := true
+	defer func() {
+		if panicked { // release, then let the panic continue
+			_ = finish()
+		}
+	}()
+	fnErr := fn(fctx)
+	panicked = false
+	relErr := finish()
+
+	var errs []error
+	if fnErr != nil {
+		errs = append(errs, fnErr)
+	}
+	if lost != nil && !errors.Is(fnErr, ErrLeaseLost) {
+		errs = append(errs, lost)
+	}
+	if relErr != nil && !(lost != nil && errors.Is(relErr, ErrLeaseLost)) {
+		errs = append(errs, relErr)
+	}
+	return errors.Join(errs...)
+}
+
+// keep renews on schedule until ctx ends (returning nil) or the lease is lost
+// (cancelling the callback with the loss as cause, and returning it).
+func (k keepAlive) keep(ctx context.Context, s schedule, cancelFn context.CancelCauseFunc) error {
+	deadline := k.started.Add(k.ttl - s.margin)
+	trust := time.NewTimer(time.Until(deadline))
+	defer trust.Stop()
+	tick := time.NewTimer(s.every)
+	defer tick.Stop()
+	var lastErr error // the last transient renewal error, reported if the window closes
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-trust.C:
+			err := &Error{Op: "keep alive", Resource: k.resource, Err: errors.Join(
+				fmt.Errorf("%w: no successful renewal within TTL minus margin (%v)", ErrLeaseLost, k.ttl-s.margin), lastErr)}
+			cancelFn(err)
+			return err
+		case <-tick.C:
+		}
+		t0 := time.Now()
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		err := k.renew(rctx)
+		cancel()
+		switch {
+		case err == nil:
+			lastErr = nil
+			deadline = t0.Add(k.ttl - s.margin)
+			trust.Reset(time.Until(deadline))
+			tick.Reset(s.every)
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, ErrLeaseLost):
+			cancelFn(err)
+			return err
+		case errors.Is(err, ErrNotFound):
+			err = &Error{Op: "keep alive", Resource: k.resource, Err: errors.Join(ErrLeaseLost, err)}
+			cancelFn(err)
+			return err
+		default:
+			lastErr = err
+			tick.Reset(max(s.every/4, time.Millisecond))
+		}
+	}
+}

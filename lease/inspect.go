@@ -1,0 +1,113 @@
+package lease
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Table-wide operations on a lock-manager table: for operators, start-up
+// clean-up and housekeeping. None of them needs the resource lock that
+// acquisitions take (see manager_sql.go).
+
+// ReleaseAll deletes every lease whose owner label is owner, expired or not,
+// and wakes their waiters. Use it when a process restarts under a stable
+// owner label and knows its previous incarnation's leases are dead. It
+// returns the number of leases deleted. ctx governs the one statement.
+// An empty owner is ErrInvalid.
+func (m *Manager) ReleaseAll(ctx context.Context, owner string) (int64, error) {
+	const op = "release all"
+	if err := checkText("owner", owner, MaxResourceLen); err != nil {
+		return 0, opError(op, owner, err)
+	}
+	var n int64
+	if err := m.pool.QueryRow(ctx, m.q.releaseAll, owner, m.channel).Scan(&n); err != nil {
+		return 0, opError(op, owner, err)
+	}
+	return n, nil
+}
+
+// Sweep deletes expired leases (by the database clock), wakes their waiters
+// and returns how many it deleted. Expired leases never block anyone (the
+// next acquirer deletes them itself), so Sweep is housekeeping: it keeps List
+// short and the table small. Rows locked by a concurrent renewal or
+// acquisition are skipped. ctx governs the one statement.
+func (m *Manager) Sweep(ctx context.Context) (int64, error) {
+	var n int64
+	if err := m.pool.QueryRow(ctx, m.q.sweep, m.channel).Scan(&n); err != nil {
+		return 0, opError("sweep", "", err)
+	}
+	return n, nil
+}
+
+// ListOptions filter List; a nil pointer lists every live lease.
+type ListOptions struct {
+	Resource       string // only this resource, if not empty
+	Owner          string // only this owner label, if not empty
+	IncludeExpired bool   // also leases past their expiry that nobody removed yet
+}
+
+// Holder is one row of the lock-manager table, as seen by List. Times are
+// the database's.
+type Holder struct {
+	Resource   string
+	Owner      string
+	Mode       Mode
+	Token      int64
+	AcquiredAt time.Time
+	ExpiresAt  time.Time
+	Expired    bool // expires_at <= now() on the database when listed
+	Metadata   json.RawMessage
+}
+
+// List returns the leases in the table ordered by resource and token. It is a
+// snapshot: by the time it returns, leases may have come and gone. ctx
+// governs the one query.
+func (m *Manager) List(ctx context.Context, opts *ListOptions) ([]Holder, error) {
+	const op = "list"
+	if opts == nil {
+		opts = &ListOptions{}
+	}
+	var resource, owner any
+	if opts.Resource != "" {
+		resource = opts.Resource
+	}
+	if opts.Owner != "" {
+		owner = opts.Owner
+	}
+	rows, err := m.pool.Query(ctx, m.q.list, resource, owner, opts.IncludeExpired)
+	if err != nil {
+		return nil, opError(op, opts.Resource, err)
+	}
+	defer rows.Close()
+	var out []Holder
+	for rows.Next() {
+		var h Holder
+		var mode string
+		var meta []byte
+		if err := rows.Scan(&h.Resource, &h.Owner, &mode, &h.Token, &h.AcquiredAt, &h.ExpiresAt, &meta, &h.Expired); err != nil {
+			return nil, opError(op, opts.Resource, err)
+		}
+		if h.Mode, err = parseMode(mode); err != nil {
+			return nil, opError(op, h.Resource, err)
+		}
+		if meta != nil {
+			h.Metadata = json.RawMessage(meta)
+		}
+		out = append(out, h)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, opError(op, opts.Resource, err)
+	}
+	return out, nil
+}
+
+// String formats a holder for logs and the operator CLI.
+func (h Holder) String() string {
+	state := "live"
+	if h.Expired {
+		state = "expired"
+	}
+	return fmt.Sprintf("%q %s token=%d owner=%q %s until %s", h.Resource, h.Mode, h.Token, h.Owner, state, h.ExpiresAt.Format(time.RFC3339Nano))
+}

@@ -1,0 +1,397 @@
+package lease
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ManagerConfig describes a lock-manager table. The zero value of every field
+// except TTL is a documented default.
+type ManagerConfig struct {
+	// Schema holding the tables. Empty: the connection's search_path decides.
+	Schema string
+	// Table holding one row per lease holder. Default "pgxlock_leases". A
+	// companion table named Table+"_resources" holds one row per resource
+	// ever leased: its fencing counter and any waiting writer's intent.
+	Table string
+	// TTL of a lease when AcquireOptions.TTL is zero. Required, > 0.
+	TTL time.Duration
+	// Owner label stored with each lease when AcquireOptions.Owner is empty.
+	// ReleaseAll and List select by it. Default "<hostname>:<pid>".
+	Owner string
+	// PollInterval bounds how long a blocking Acquire waits between attempts
+	// when no notification arrives (a lease that expires sends none). Each wait
+	// is a random duration in [PollInterval/2, PollInterval], shortened to the
+	// earliest expiry of a blocking lease. A waiting writer's intent lasts
+	// 3*PollInterval and is refreshed at each attempt. Default 1s.
+	PollInterval time.Duration
+	// Channel for LISTEN/NOTIFY. Default "pgxlock_lease_" + 16 hex digits
+	// derived from the qualified table name, so two tables never share one.
+	Channel string
+	// ReleaseTimeout bounds the release Do runs after its callback, the
+	// give-back after an acquisition whose outcome is unknown, and the
+	// clean-up of a waiting connection. Default 5s.
+	ReleaseTimeout time.Duration
+}
+
+// DefaultTable is the lock-manager table name used when ManagerConfig.Table is empty.
+const DefaultTable = "pgxlock_leases"
+
+// DefaultPollInterval is the wait bound used when ManagerConfig.PollInterval is zero.
+const DefaultPollInterval = time.Second
+
+// Mode is the kind of lease a lock-manager acquisition asks for.
+type Mode uint8
+
+const (
+	// Exclusive (the zero value) excludes every other holder: one writer.
+	Exclusive Mode = iota
+	// Shared coexists with other Shared holders and excludes Exclusive
+	// ones: many readers, no writer. See the package documentation for the
+	// writer-preference policy.
+	Shared
+)
+
+// String returns "exclusive" or "shared", the value stored in the mode column.
+func (m Mode) String() string {
+	switch m {
+	case Exclusive:
+		return "exclusive"
+	case Shared:
+		return "shared"
+	}
+	return fmt.Sprintf("Mode(%d)", uint8(m))
+}
+
+func parseMode(s string) (Mode, error) {
+	switch s {
+	case "exclusive":
+		return Exclusive, nil
+	case "shared":
+		return Shared, nil
+	}
+	return 0, fmt.Errorf("lease: unknown mode %q in table", s)
+}
+
+// AcquireOptions are per-call settings; a nil pointer means all defaults.
+type AcquireOptions struct {
+	Mode     Mode            // Default Exclusive.
+	TTL      time.Duration   // Default ManagerConfig.TTL; must not be negative.
+	Owner    string          // Default ManagerConfig.Owner.
+	Metadata json.RawMessage // Stored in the metadata jsonb column; nil stores NULL.
+}
+
+// Manager acquires leases from a lock-manager table. It is safe for concurrent
+// use. Between calls it holds no connection; while at least one blocking
+// Acquire waits, it holds one pooled connection for LISTEN.
+type Manager struct {
+	pool           *pgxpool.Pool
+	holders        string // quoted, qualified
+	resources      string // quoted, qualified
+	channel        string // raw channel name, passed to pg_notify as a value
+	ttl            time.Duration
+	owner          string
+	poll           time.Duration
+	releaseTimeout time.Duration
+	q              managerSQL
+	lis            *listener
+}
+
+// NewManager validates cfg and prepares the statements. It sends nothing to
+// the database; call Migrate once to create the tables. Errors wrap ErrInvalid.
+func NewManager(pool *pgxpool.Pool, cfg ManagerConfig) (*Manager, error) {
+	const op = "new manager"
+	if pool == nil {
+		return nil, opError(op, "", fmt.Errorf("%w: nil pool", ErrInvalid))
+	}
+	if cfg.Table == "" {
+		cfg.Table = DefaultTable
+	}
+	if cfg.Owner == "" {
+		cfg.Owner = defaultOwner()
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = DefaultPollInterval
+	}
+	if cfg.ReleaseTimeout == 0 {
+		cfg.ReleaseTimeout = DefaultReleaseTimeout
+	}
+	if cfg.Schema != "" {
+		if err := checkIdentifier("schema", cfg.Schema); err != nil {
+			return nil, opError(op, "", err)
+		}
+	}
+	names := tableNames(cfg.Table)
+	for what, name := range map[string]string{
+		"table": names.holders, "resource table": names.resources,
+		"owner index": names.ownerIndex, "expiry index": names.expiryIndex,
+	} {
+		if err := checkIdentifier(what, name); err != nil {
+			return nil, opError(op, "", fmt.Errorf("%w (table names are limited to %d bytes so derived names fit)", err, maxIdentifierLen-len("_resources")))
+		}
+	}
+	holders := qualify(cfg.Schema, names.holders)
+	if cfg.Channel == "" {
+		cfg.Channel = defaultChannel(holders)
+	}
+	if err := checkIdentifier("channel", cfg.Channel); err != nil {
+		return nil, opError(op, "", err)
+	}
+	if err := checkText("owner", cfg.Owner, MaxResourceLen); err != nil {
+		return nil, opError(op, "", err)
+	}
+	switch {
+	case cfg.TTL <= 0:
+		return nil, opError(op, "", fmt.Errorf("%w: TTL must be > 0, got %v", ErrInvalid, cfg.TTL))
+	case cfg.PollInterval < time.Millisecond:
+		return nil, opError(op, "", fmt.Errorf("%w: poll interval must be at least 1ms, got %v", ErrInvalid, cfg.PollInterval))
+	case cfg.ReleaseTimeout < 0:
+		return nil, opError(op, "", fmt.Errorf("%w: negative release timeout", ErrInvalid))
+	}
+	m := &Manager{
+		pool:           pool,
+		holders:        holders,
+		resources:      qualify(cfg.Schema, names.resources),
+		channel:        cfg.Channel,
+		ttl:            cfg.TTL,
+		owner:          cfg.Owner,
+		poll:           cfg.PollInterval,
+		releaseTimeout: cfg.ReleaseTimeout,
+	}
+	m.q = newManagerSQL(strings.NewReplacer(
+		"{holders}", m.holders, "{resources}", m.resources,
+		"{owner_idx}", quote(names.ownerIndex), "{expiry_idx}", quote(names.expiryIndex),
+	))
+	m.lis = newListener(pool, cfg.Channel, cfg.PollInterval, cfg.ReleaseTimeout)
+	return m, nil
+}
+
+type derivedNames struct{ holders, resources, ownerIndex, expiryIndex string }
+
+func tableNames(table string) derivedNames {
+	return derivedNames{
+		holders:     table,
+		resources:   table + "_resources",
+		ownerIndex:  table + "_owner_idx",
+		expiryIndex: table + "_expires_idx",
+	}
+}
+
+// Channel returns the LISTEN/NOTIFY channel name.
+func (m *Manager) Channel() string { return m.channel }
+
+// request is one validated acquisition, shared by its attempts.
+type request struct {
+	op       string
+	resource string
+	leaseID  string // fresh per call; every attempt of one call uses it
+	owner    string
+	mode     Mode
+	ttl      time.Duration
+	metadata any    // nil or the JSON text
+	intent   string // non-empty: a blocking writer registers this intent when blocked
+}
+
+func (m *Manager) newRequest(op, resource string, opts *AcquireOptions) (*request, error) {
+	if opts == nil {
+		opts = &AcquireOptions{}
+	}
+	r := &request{op: op, resource: resource, leaseID: newID(), owner: opts.Owner, mode: opts.Mode, ttl: opts.TTL}
+	if err := checkText("resource", resource, MaxResourceLen); err != nil {
+		return nil, opError(op, resource, err)
+	}
+	if r.owner == "" {
+		r.owner = m.owner
+	} else if err := checkText("owner", r.owner, MaxResourceLen); err != nil {
+		return nil, opError(op, resource, err)
+	}
+	if r.mode != Exclusive && r.mode != Shared {
+		return nil, opError(op, resource, fmt.Errorf("%w: unknown mode %v", ErrInvalid, r.mode))
+	}
+	switch {
+	case r.ttl < 0:
+		return nil, opError(op, resource, fmt.Errorf("%w: TTL must be > 0, got %v", ErrInvalid, r.ttl))
+	case r.ttl == 0:
+		r.ttl = m.ttl
+	}
+	if opts.Metadata != nil {
+		if !json.Valid(opts.Metadata) {
+			return nil, opError(op, resource, fmt.Errorf("%w: metadata is not valid JSON", ErrInvalid))
+		}
+		r.metadata = string(opts.Metadata)
+	}
+	return r, nil
+}
+
+// TryAcquire makes one attempt at the lease and never waits for a holder.
+// ctx governs the attempt. It returns ErrNotAcquired if a live lease
+// conflicts (for Shared, also a live writer intent: see the package docs), and
+// ErrInvalid for bad input. If the attempt's outcome is unknown (connection
+// failure, ctx ended after sending) any lease it may have created is deleted
+// under a fresh context bounded by ReleaseTimeout before the error returns.
+func (m *Manager) TryAcquire(ctx context.Context, resource string, opts *AcquireOptions) (*Lease, error) {
+	req, err := m.newRequest("try acquire", resource, opts)
+	if err != nil {
+		return nil, err
+	}
+	l, _, err := m.attempt(ctx, req)
+	return l, err
+}
+
+// attempt runs the acquisition batch once. On ErrNotAcquired it also returns
+// how long, by the database clock, until the earliest conflicting lease or
+// intent expires (0 when unknown).
+func (m *Manager) attempt(ctx context.Context, req *request) (*Lease, time.Duration, error) {
+	conn, err := m.pool.Acquire(ctx)
+	if err != nil { // nothing was sent
+		return nil, 0, opError(req.op, req.resource, err)
+	}
+	started := time.Now()
+	var intent any
+	if req.intent != "" {
+		intent = req.intent
+	}
+	// Two statements, one round trip, one implicit transaction (pgx sends a
+	// single Sync): the first locks the resource's counter row, the second
+	// (with a fresh READ COMMITTED snapshot, taken after the lock) decides.
+	b := &pgx.Batch{}
+	b.Queue(m.q.lockResource, req.resource)
+	var (
+		token              *int64
+		acquiredAt, expiry *time.Time
+		retryAfter         *float64
+	)
+	b.Queue(m.q.acquire, req.resource, req.mode.String(), req.leaseID, req.owner, req.ttl,
+		req.metadata, intent, 3*m.poll).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&token, &acquiredAt, &expiry, &retryAfter)
+	})
+	err = conn.SendBatch(ctx, b).Close()
+	conn.Release()
+	switch {
+	case err != nil:
+		if outcomeUnknown(err) {
+			m.giveBack(ctx, req, req.intent)
+		}
+		return nil, 0, opError(req.op, req.resource, err)
+	case token == nil:
+		var wait time.Duration
+		if retryAfter != nil && *retryAfter > 0 {
+			wait = time.Duration(*retryAfter * float64(time.Second))
+		}
+		return nil, wait, opError(req.op, req.resource, ErrNotAcquired)
+	}
+	return &Lease{
+		m: m, id: req.leaseID, resource: req.resource, owner: req.owner, mode: req.mode,
+		token: *token, ttl: req.ttl, acquiredAt: *acquiredAt, expiresAt: *expiry, started: started,
+	}, 0, nil
+}
+
+// giveBack deletes the lease row an attempt with an unknown outcome may have
+// created and clears the writer intent it may have registered, under a fresh
+// bounded context, waking waiters if anything went. Best effort: if it fails,
+// the TTL (or the intent's lifetime) is the safety net.
+func (m *Manager) giveBack(ctx context.Context, req *request, intent string) {
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.releaseTimeout)
+	defer cancel()
+	var n int64
+	_ = m.pool.QueryRow(gctx, m.q.giveBack, req.resource, req.leaseID, intent, m.channel).Scan(&n)
+}
+
+// Lease is one acquisition from a Manager. Its methods are safe for
+// concurrent use; it holds no connection.
+type Lease struct {
+	m          *Manager
+	id         string // lease_id column: random, scopes Renew and Release
+	resource   string
+	owner      string
+	mode       Mode
+	token      int64
+	ttl        time.Duration
+	acquiredAt time.Time
+	started    time.Time // local monotonic time the winning attempt was sent
+
+	mu        sync.Mutex
+	expiresAt time.Time
+}
+
+// Resource returns the leased resource name.
+func (l *Lease) Resource() string { return l.resource }
+
+// Owner returns the owner label stored with the lease.
+func (l *Lease) Owner() string { return l.owner }
+
+// Mode returns the lease's mode.
+func (l *Lease) Mode() Mode { return l.mode }
+
+// Token returns the fencing token, strictly greater than every earlier
+// acquisition's token for the same resource (any mode).
+func (l *Lease) Token() int64 { return l.token }
+
+// TTL returns the lease duration used for this acquisition and its renewals.
+func (l *Lease) TTL() time.Duration { return l.ttl }
+
+// AcquiredAt returns the database time of the acquisition.
+func (l *Lease) AcquiredAt() time.Time { return l.acquiredAt }
+
+// ExpiresAt returns the database time at which the lease expires unless
+// renewed, as of the last successful Renew. It is for display: this package
+// never compares it with the local clock.
+func (l *Lease) ExpiresAt() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.expiresAt
+}
+
+// Renew extends the lease to the database's now() + TTL. ctx governs the one
+// statement. It returns ErrLeaseLost if the lease expired (even if nobody has
+// taken it), was released, swept or taken over.
+func (l *Lease) Renew(ctx context.Context) error {
+	var expiry time.Time
+	err := l.m.pool.QueryRow(ctx, l.m.q.renew, l.resource, l.token, l.id, l.ttl).Scan(&expiry)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return opError("renew", l.resource, ErrLeaseLost)
+	}
+	if err != nil {
+		return opError("renew", l.resource, err)
+	}
+	l.mu.Lock()
+	l.expiresAt = expiry
+	l.mu.Unlock()
+	return nil
+}
+
+// Release deletes the lease and wakes waiters (NOTIFY is sent on commit).
+// ctx governs the one statement; on the way out of a cancelled operation pass
+// context.WithoutCancel(ctx) with a timeout (Do does). It returns
+// ErrLeaseLost if the lease is no longer this one's: released already, swept,
+// or taken over after expiry. Releasing an expired lease nobody removed
+// succeeds.
+func (l *Lease) Release(ctx context.Context) error {
+	var n int64
+	if err := l.m.pool.QueryRow(ctx, l.m.q.release, l.resource, l.token, l.id, l.m.channel).Scan(&n); err != nil {
+		return opError("release", l.resource, err)
+	}
+	if n == 0 {
+		return opError("release", l.resource, ErrLeaseLost)
+	}
+	return nil
+}
+
+func (l *Lease) keepAlive() keepAlive {
+	return keepAlive{
+		resource: l.resource,
+		ttl:      l.ttl,
+		started:  l.started,
+		renew:    l.Renew,
+		release:  l.Release,
+		timeout:  l.m.releaseTimeout,
+	}
+}

@@ -1,0 +1,175 @@
+package lease
+
+import "strings"
+
+// The lock-manager statements. Placeholders: {holders} and {resources} are the
+// quoted, qualified table names. Values are always bind parameters; the
+// channel name travels as a value to pg_notify, and the payload is
+// md5(resource) (see wakeKey).
+//
+// Concurrency contract, relied on by the comments below:
+//   - Every acquisition of a resource first locks that resource's row in
+//     {resources} (lockResource), so decisions about one resource are taken
+//     one at a time, each on a snapshot that sees every earlier decision.
+//   - Renew, Release, ReleaseAll and Sweep never take that lock. They only
+//     shrink or extend existing holder rows, and the acquisition statement
+//     is written so that racing with them is safe (see acquire).
+//   - Statements that delete several holder rows lock them in (resource,
+//     token) order, and Sweep skips locked rows, so they cannot deadlock
+//     with each other or with an acquisition.
+type managerSQL struct {
+	lockResource, acquire, renew, release, giveBack string
+	releaseAll, sweep, list                         string
+	schema                                          string
+}
+
+func newManagerSQL(r *strings.Replacer) managerSQL {
+	return managerSQL{
+		lockResource: r.Replace(lockResourceSQL),
+		acquire:      r.Replace(acquireSQL),
+		renew:        r.Replace(renewSQL),
+		release:      r.Replace(releaseSQL),
+		giveBack:     r.Replace(giveBackSQL),
+		releaseAll:   r.Replace(releaseAllSQL),
+		sweep:        r.Replace(sweepSQL),
+		list:         r.Replace(listSQL),
+		schema:       r.Replace(managerSchemaSQL),
+	}
+}
+
+const (
+	// Creates the resource's row on first use and locks it FOR UPDATE in
+	// every case: ON CONFLICT DO UPDATE locks the conflicting row even when
+	// its WHERE is false, and WHERE false writes no new row version.
+	lockResourceSQL = `
+INSERT INTO {resources} AS r (resource) VALUES ($1)
+ON CONFLICT (resource) DO UPDATE SET fence = r.fence WHERE false`
+
+	// The decision. $1 resource, $2 mode, $3 lease_id, $4 owner, $5 ttl,
+	// $6 metadata, $7 writer intent id (NULL: none), $8 intent lifetime.
+	//
+	// expired: deletes the resource's expired holders. The FOR UPDATE
+	// sub-select re-checks expires_at against the latest committed version of
+	// each row, so a holder that renewed concurrently is not deleted.
+	//
+	// blockers: every holder row this statement did NOT delete counts, even
+	// one whose snapshot version looks expired. That is what makes a racing
+	// Renew safe without the resource lock: either the renewal committed
+	// first (the row survives the delete and blocks us) or we deleted the row
+	// first (the renewal then finds nothing and reports ErrLeaseLost). A
+	// Release racing with us makes us see a holder that is already gone:
+	// harmless, its NOTIFY wakes us for another attempt. For a shared
+	// request, a live writer intent also blocks (writer preference).
+	//
+	// granted / waiting: exactly one of them updates the resource row. A
+	// grant bumps the fence (the new value is the token) and clears the
+	// intent if it is ours; a blocked writer that waits stores its intent.
+	//
+	// The final row always exists: token is NULL when not granted, and
+	// retry_after is the seconds until the earliest blocker expires.
+	acquireSQL = `
+WITH expired AS (
+	DELETE FROM {holders}
+	WHERE ctid = ANY (ARRAY(
+		SELECT ctid FROM {holders}
+		WHERE resource = $1 AND expires_at <= now()
+		ORDER BY token
+		FOR UPDATE))
+	RETURNING token
+),
+blockers AS (
+	SELECT b.expires_at AS until FROM {holders} b
+	WHERE b.resource = $1
+	  AND b.token NOT IN (SELECT token FROM expired)
+	  AND ($2::text = 'exclusive' OR b.mode = 'exclusive')
+	UNION ALL
+	SELECT r.writer_intent_until FROM {resources} r
+	WHERE r.resource = $1 AND $2::text = 'shared' AND r.writer_intent_until > now()
+),
+granted AS (
+	UPDATE {resources} r SET
+		fence = r.fence + 1,
+		writer_intent = CASE WHEN r.writer_intent = $7::text THEN NULL ELSE r.writer_intent END,
+		writer_intent_until = CASE WHEN r.writer_intent = $7::text THEN NULL ELSE r.writer_intent_until END
+	WHERE r.resource = $1 AND NOT EXISTS (SELECT 1 FROM blockers)
+	RETURNING r.fence
+),
+waiting AS (
+	UPDATE {resources} r SET writer_intent = $7::text, writer_intent_until = now() + $8::interval
+	WHERE r.resource = $1 AND $7::text IS NOT NULL AND EXISTS (SELECT 1 FROM blockers)
+),
+inserted AS (
+	INSERT INTO {holders} (resource, token, lease_id, owner, mode, acquired_at, expires_at, metadata)
+	SELECT $1, g.fence, $3, $4, $2::text, now(), now() + $5::interval, $6::jsonb FROM granted g
+	RETURNING token, acquired_at, expires_at
+)
+SELECT i.token, i.acquired_at, i.expires_at,
+	(SELECT extract(epoch FROM min(until) - now())::float8 FROM blockers)
+FROM (VALUES (1)) AS one (x) LEFT JOIN inserted i ON true`
+
+	// Extends a live lease only. An expired one cannot be revived: someone
+	// may already have judged it expired and acted (see acquire).
+	renewSQL = `
+UPDATE {holders} SET expires_at = now() + $4::interval
+WHERE resource = $1 AND token = $2 AND lease_id = $3 AND expires_at > now()
+RETURNING expires_at`
+
+	// Deletes the lease if it is still this acquisition's, expired or not,
+	// and wakes waiters. Returns the number of rows deleted (0 or 1).
+	releaseSQL = `
+WITH released AS (
+	DELETE FROM {holders} WHERE resource = $1 AND token = $2 AND lease_id = $3
+	RETURNING resource
+)
+SELECT count(*) FROM released, LATERAL pg_notify($4, md5(released.resource))`
+
+	// Undoes whatever an attempt with an unknown outcome, or an abandoned
+	// wait, may have left: its lease row (by lease_id, unique to the call)
+	// and its writer intent. Wakes waiters for what it removed.
+	giveBackSQL = `
+WITH gone AS (
+	DELETE FROM {holders} WHERE resource = $1 AND lease_id = $2
+	RETURNING resource
+),
+cleared AS (
+	UPDATE {resources} SET writer_intent = NULL, writer_intent_until = NULL
+	WHERE resource = $1 AND writer_intent = $3::text
+	RETURNING resource
+)
+SELECT count(*) FROM (SELECT resource FROM gone UNION ALL SELECT resource FROM cleared) x,
+	LATERAL pg_notify($4, md5(x.resource))`
+
+	// Notifications with the same channel and payload in one transaction are
+	// delivered once, so notifying per row is cheap.
+	releaseAllSQL = `
+WITH released AS (
+	DELETE FROM {holders}
+	WHERE ctid = ANY (ARRAY(
+		SELECT ctid FROM {holders} WHERE owner = $1
+		ORDER BY resource, token
+		FOR UPDATE))
+	RETURNING resource
+)
+SELECT count(*) FROM released, LATERAL pg_notify($2, md5(released.resource))`
+
+	// SKIP LOCKED: a row being renewed, released or judged by an acquirer
+	// right now is left to them.
+	sweepSQL = `
+WITH swept AS (
+	DELETE FROM {holders}
+	WHERE ctid = ANY (ARRAY(
+		SELECT ctid FROM {holders} WHERE expires_at <= now()
+		ORDER BY resource, token
+		FOR UPDATE SKIP LOCKED))
+	RETURNING resource
+)
+SELECT count(*) FROM swept, LATERAL pg_notify($1, md5(swept.resource))`
+
+	listSQL = `
+SELECT resource, owner, mode, token, acquired_at, expires_at, metadata, expires_at <= now()
+FROM {holders}
+WHERE ($1::text IS NULL OR resource = $1::text)
+  AND ($2::text IS NULL OR owner = $2::text)
+  AND ($3::bool OR expires_at > now())
+ORDER BY resource, token`
+)

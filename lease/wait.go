@@ -1,0 +1,243 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Acquire waits until the lease can be had, or ctx ends.
+//
+// It makes one attempt at once; if that fails it subscribes to the manager's
+// NOTIFY channel and tries again whenever a release, give-back or sweep of
+// this resource is notified, and otherwise after a jittered PollInterval
+// (or sooner, when the database says the blocking lease expires sooner: a
+// lease that expires sends no notification). A blocked Exclusive request
+// registers a writer intent that keeps new Shared acquisitions out until it
+// is granted or abandoned (see the package docs). All waiting Acquire calls
+// of one Manager share one pooled connection for LISTEN; attempts borrow a
+// connection only for their one round trip.
+//
+// ctx governs the whole wait. When it ends, Acquire clears its intent (under a
+// fresh bounded context) and returns an error wrapping both ErrNotAcquired and
+// context.Cause(ctx). An attempt whose outcome is unknown is given back as in
+// TryAcquire. Other errors (ErrInvalid, a database error) end the wait.
+func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOptions) (*Lease, error) {
+	req, err := m.newRequest("acquire", resource, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, opError(req.op, resource, errors.Join(ErrNotAcquired, context.Cause(ctx)))
+	}
+	// Fast path: no subscription, no intent.
+	l, hint, err := m.attempt(ctx, req)
+	if !errors.Is(err, ErrNotAcquired) {
+		return l, err
+	}
+	// Subscribe, then attempt again before the first wait: a release that
+	// committed between the fast path and the subscription notified nobody.
+	sub := m.lis.subscribe(wakeKey(resource))
+	defer sub.close()
+	if req.mode == Exclusive {
+		req.intent = newID()
+	}
+	for {
+		l, hint, err = m.attempt(ctx, req)
+		switch {
+		case err == nil:
+			return l, nil
+		case !errors.Is(err, ErrNotAcquired):
+			m.abandon(ctx, req)
+			if ctx.Err() != nil { // the failure is the cancellation's doing
+				err = opError(req.op, resource, errors.Join(ErrNotAcquired, context.Cause(ctx)))
+			}
+			return nil, err
+		}
+		timer := time.NewTimer(m.pollDelay(hint))
+		select {
+		case <-sub.wake:
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		timer.Stop()
+		if ctx.Err() != nil {
+			m.abandon(ctx, req)
+			return nil, opError(req.op, resource, errors.Join(ErrNotAcquired, context.Cause(ctx)))
+		}
+	}
+}
+
+// abandon clears the writer intent of a wait that is giving up, so readers
+// need not wait for it to lapse. An attempt with an unknown outcome was
+// already given back by attempt.
+func (m *Manager) abandon(ctx context.Context, req *request) {
+	if req.intent != "" {
+		m.giveBack(ctx, req, req.intent)
+	}
+}
+
+// pollDelay picks the next wait: uniform in [poll/2, poll], or just after the
+// earliest blocker's expiry (as computed by the database) if that is sooner.
+func (m *Manager) pollDelay(hint time.Duration) time.Duration {
+	d := m.poll/2 + rand.N(m.poll/2+1)
+	if hint > 0 {
+		if h := hint + time.Millisecond + rand.N(5*time.Millisecond); h < d {
+			d = h
+		}
+	}
+	return d
+}
+
+// listener multiplexes one LISTEN connection among all waiting Acquire calls
+// of a Manager. Its goroutine runs only while at least one subscription is
+// open; the subscriber that closes the last subscription stops it and waits
+// for it to finish, so no goroutine outlives the Acquire calls that needed it.
+type listener struct {
+	pool    *pgxpool.Pool
+	channel string // raw name; quoted when sent as an identifier
+	backoff time.Duration
+	cleanup time.Duration
+
+	mu      sync.Mutex
+	subs    map[string]map[*subscription]struct{}
+	n       int
+	running bool
+	stop    context.CancelFunc
+	done    chan struct{}
+}
+
+type subscription struct {
+	l    *listener
+	key  string
+	wake chan struct{} // capacity 1: a pending wake-up is never lost, never duplicated
+}
+
+func newListener(pool *pgxpool.Pool, channel string, backoff, cleanup time.Duration) *listener {
+	return &listener{pool: pool, channel: channel, backoff: backoff, cleanup: cleanup,
+		subs: map[string]map[*subscription]struct{}{}}
+}
+
+// subscribe registers interest in key and starts the LISTEN goroutine if it
+// is not running. Wake-ups arrive on the subscription's channel: one per
+// matching notification, and one to every subscriber each time LISTEN (re)starts,
+// because a release committed before LISTEN took effect was not seen.
+func (l *listener) subscribe(key string) *subscription {
+	s := &subscription{l: l, key: key, wake: make(chan struct{}, 1)}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.subs[key] == nil {
+		l.subs[key] = map[*subscription]struct{}{}
+	}
+	l.subs[key][s] = struct{}{}
+	l.n++
+	if !l.running {
+		ctx, cancel := context.WithCancel(context.Background())
+		l.running, l.stop, l.done = true, cancel, make(chan struct{})
+		go l.run(ctx, l.done)
+	}
+	return s
+}
+
+// close ends the subscription. The last one out stops the goroutine and waits
+// for it (at most the cleanup timeout: UNLISTEN and returning the connection).
+func (s *subscription) close() {
+	l := s.l
+	l.mu.Lock()
+	delete(l.subs[s.key], s)
+	if len(l.subs[s.key]) == 0 {
+		delete(l.subs, s.key)
+	}
+	l.n--
+	var done chan struct{}
+	if l.n == 0 && l.running {
+		l.stop()
+		l.running, done = false, l.done
+	}
+	l.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+func (l *listener) notify(key string, all bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k, set := range l.subs {
+		if all || k == key {
+			for s := range set {
+				select {
+				case s.wake <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}
+}
+
+func (l *listener) run(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	for {
+		err := l.listen(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		_ = err // the connection failed: waiters fall back to polling until LISTEN is back
+		l.notify("", true)
+		t := time.NewTimer(l.backoff/2 + rand.N(l.backoff/2+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// listen holds one connection in LISTEN until ctx ends or the connection fails.
+// On the way out the connection is returned clean (UNLISTEN *, no buffered
+// notifications) or, if that cannot be ensured, closed so the pool drops it.
+func (l *listener) listen(ctx context.Context) error {
+	conn, err := l.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	clean := false
+	defer func() {
+		if !clean {
+			cctx, cancel := context.WithTimeout(context.Background(), l.cleanup)
+			_ = conn.Conn().Close(cctx)
+			cancel()
+		}
+		conn.Release() // a closed connection is destroyed, not pooled
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+quote(l.channel)); err != nil {
+		return err
+	}
+	l.notify("", true)
+	for {
+		n, err := conn.Conn().WaitForNotification(ctx)
+		if err != nil {
+			if ctx.Err() == nil || conn.Conn().IsClosed() {
+				return err
+			}
+			// Stopped by the last subscriber: WaitForNotification returns on
+			// cancellation with the connection intact. Undo LISTEN, then drop
+			// notifications pgx buffered so the next borrower sees none.
+			cctx, cancel := context.WithTimeout(context.Background(), l.cleanup)
+			_, uerr := conn.Exec(cctx, "UNLISTEN *")
+			cancel()
+			if uerr == nil {
+				for n, _ := conn.Conn().WaitForNotification(ctx); n != nil; n, _ = conn.Conn().WaitForNotification(ctx) {
+				}
+				clean = true
+			}
+			return err
+		}
+		l.notify(n.Payload, false)
+	}
+}
