@@ -1,0 +1,106 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/lease"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// testCtx bounds every test: nothing here should take a minute.
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// twoPools returns two independent pools on the test database, and a fresh
+// schema (dropped at cleanup) for the test's tables.
+func twoPools(t testing.TB) (p1, p2 *pgxpool.Pool, schema string) {
+	t.Helper()
+	p1, p2 = pgtest.Pool(t), pgtest.Pool(t)
+	return p1, p2, pgtest.Schema(t, p1)
+}
+
+// exec runs SQL that must succeed.
+func exec(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := pool.Exec(ctx, sql, args...)
+	require.NoError(t, err, sql)
+}
+
+// queryOne scans one row of SQL that must succeed.
+func queryOne[T any](t testing.TB, pool *pgxpool.Pool, sql string, args ...any) T {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var v T
+	require.NoError(t, pool.QueryRow(ctx, sql, args...).Scan(&v), sql)
+	return v
+}
+
+// usersTable creates <schema>.users (id bigint primary key, auth_id text) with
+// the given rows, and a Column lease on it whose lock columns Migrate adds.
+func usersTable(t testing.TB, pool *pgxpool.Pool, schema string, ttl time.Duration, ids ...int64) *lease.Column {
+	t.Helper()
+	table := pgx.Identifier{schema, "users"}.Sanitize()
+	exec(t, pool, "CREATE TABLE "+table+" (id bigint PRIMARY KEY, auth_id text NOT NULL DEFAULT '')")
+	for _, id := range ids {
+		exec(t, pool, "INSERT INTO "+table+" (id) VALUES ($1)", id)
+	}
+	col, err := lease.NewColumn(pool, lease.ColumnConfig{
+		Schema: schema, Table: "users", LockedAtColumn: "identity_action_locked_at",
+		OwnerColumn: "identity_action_locked_by", FenceColumn: "identity_action_fence", TTL: ttl,
+	})
+	require.NoError(t, err)
+	require.NoError(t, col.Migrate(testCtx(t)))
+	return col
+}
+
+// newManager creates a migrated lock-manager table in schema.
+func newManager(t testing.TB, pool *pgxpool.Pool, schema string, cfg lease.ManagerConfig) *lease.Manager {
+	t.Helper()
+	cfg.Schema = schema
+	m, err := lease.NewManager(pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, m.Migrate(testCtx(t)))
+	return m
+}
+
+// exampleTB lets Example functions reach the harness: pgtest.DSN takes a
+// testing.TB only to report failures. Methods DSN does not call are left to
+// the embedded nil interface and would panic if a future version called them.
+type exampleTB struct{ testing.TB }
+
+func (exampleTB) Helper()                           {}
+func (exampleTB) Fatal(args ...any)                 { panic(fmt.Sprint(args...)) }
+func (exampleTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+
+// examplePool connects to the test database for an Example and creates a
+// fresh schema; the returned func drops it and closes the pool.
+func examplePool() (*pgxpool.Pool, string, func()) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgtest.DSN(exampleTB{}))
+	if err != nil {
+		panic(err)
+	}
+	schema := fmt.Sprintf("example_%d", time.Now().UnixNano())
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		panic(err)
+	}
+	return pool, schema, func() {
+		_, _ = pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		pool.Close()
+	}
+}
