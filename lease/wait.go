@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -41,8 +42,9 @@ func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOpt
 	}
 	// Subscribe, then attempt again before the first wait: a release that
 	// committed between the fast path and the subscription notified nobody.
-	sub := m.lis.subscribe(wakeKey(resource))
-	defer sub.close()
+	sub := m.lis.subscribe(wakeKey(resource), req.mode == Exclusive)
+	granted := false
+	defer func() { sub.close(granted) }()
 	if req.mode == Exclusive {
 		req.intent = newID()
 	}
@@ -50,6 +52,7 @@ func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOpt
 		l, hint, err = m.attempt(ctx, req)
 		switch {
 		case err == nil:
+			granted = true
 			return l, nil
 		case !errors.Is(err, ErrNotAcquired):
 			m.abandon(ctx, req)
@@ -97,6 +100,13 @@ func (m *Manager) pollDelay(hint time.Duration) time.Duration {
 // of a Manager. Its goroutine runs only while at least one subscription is
 // open; the subscriber that closes the last subscription stops it and waits
 // for it to finish, so no goroutine outlives the Acquire calls that needed it.
+//
+// Wake-up policy for a notification about a resource: every Shared waiter of
+// this process is woken (readers can all get in), but only the longest
+// waiting Exclusive one (only one writer can). That keeps a release from
+// setting off an attempt by every waiting writer of the process, which would
+// all queue on the resource's row lock to learn that one of them won. A
+// writer that leaves the queue without the lease passes the wake-up on.
 type listener struct {
 	pool    *pgxpool.Pool
 	channel string // raw name; quoted when sent as an identifier
@@ -104,7 +114,7 @@ type listener struct {
 	cleanup time.Duration
 
 	mu      sync.Mutex
-	subs    map[string]map[*subscription]struct{}
+	subs    map[string][]*subscription // per wake key, in subscription order
 	n       int
 	running bool
 	stop    context.CancelFunc
@@ -112,28 +122,34 @@ type listener struct {
 }
 
 type subscription struct {
-	l    *listener
-	key  string
-	wake chan struct{} // capacity 1: a pending wake-up is never lost, never duplicated
+	l         *listener
+	key       string
+	exclusive bool
+	wake      chan struct{} // capacity 1: a pending wake-up is never lost, never duplicated
+}
+
+func (s *subscription) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }
 
 func newListener(pool *pgxpool.Pool, channel string, backoff, cleanup time.Duration) *listener {
 	return &listener{pool: pool, channel: channel, backoff: backoff, cleanup: cleanup,
-		subs: map[string]map[*subscription]struct{}{}}
+		subs: map[string][]*subscription{}}
 }
 
 // subscribe registers interest in key and starts the LISTEN goroutine if it
-// is not running. Wake-ups arrive on the subscription's channel: one per
-// matching notification, and one to every subscriber each time LISTEN (re)starts,
-// because a release committed before LISTEN took effect was not seen.
-func (l *listener) subscribe(key string) *subscription {
-	s := &subscription{l: l, key: key, wake: make(chan struct{}, 1)}
+// is not running. Wake-ups arrive on the subscription's channel: per matching
+// notification as described on listener, and to every subscriber each time
+// LISTEN (re)starts, because a release committed before LISTEN took effect
+// was not seen.
+func (l *listener) subscribe(key string, exclusive bool) *subscription {
+	s := &subscription{l: l, key: key, exclusive: exclusive, wake: make(chan struct{}, 1)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.subs[key] == nil {
-		l.subs[key] = map[*subscription]struct{}{}
-	}
-	l.subs[key][s] = struct{}{}
+	l.subs[key] = append(l.subs[key], s)
 	l.n++
 	if !l.running {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -143,14 +159,18 @@ func (l *listener) subscribe(key string) *subscription {
 	return s
 }
 
-// close ends the subscription. The last one out stops the goroutine and waits
-// for it (at most the cleanup timeout: UNLISTEN and returning the connection).
-func (s *subscription) close() {
+// close ends the subscription. A writer that leaves without the lease wakes
+// the next writer in line, since it may have consumed the wake-up meant for
+// the queue. The last one out stops the goroutine and waits for it (at most
+// the cleanup timeout: UNLISTEN and returning the connection).
+func (s *subscription) close(granted bool) {
 	l := s.l
 	l.mu.Lock()
-	delete(l.subs[s.key], s)
+	l.subs[s.key] = slices.DeleteFunc(l.subs[s.key], func(o *subscription) bool { return o == s })
 	if len(l.subs[s.key]) == 0 {
 		delete(l.subs, s.key)
+	} else if s.exclusive && !granted {
+		l.wakeLocked(s.key)
 	}
 	l.n--
 	var done chan struct{}
@@ -164,17 +184,31 @@ func (s *subscription) close() {
 	}
 }
 
-func (l *listener) notify(key string, all bool) {
+// wake applies the wake-up policy to key's subscribers.
+func (l *listener) wake(key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for k, set := range l.subs {
-		if all || k == key {
-			for s := range set {
-				select {
-				case s.wake <- struct{}{}:
-				default:
-				}
-			}
+	l.wakeLocked(key)
+}
+
+func (l *listener) wakeLocked(key string) {
+	writer := false
+	for _, s := range l.subs[key] {
+		if !s.exclusive {
+			s.poke()
+		} else if !writer {
+			s.poke()
+			writer = true
+		}
+	}
+}
+
+func (l *listener) wakeAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, subs := range l.subs {
+		for _, s := range subs {
+			s.poke()
 		}
 	}
 }
@@ -187,7 +221,7 @@ func (l *listener) run(ctx context.Context, done chan struct{}) {
 			return
 		}
 		_ = err // the connection failed: waiters fall back to polling until LISTEN is back
-		l.notify("", true)
+		l.wakeAll()
 		t := time.NewTimer(l.backoff/2 + rand.N(l.backoff/2+1))
 		select {
 		case <-ctx.Done():
@@ -218,7 +252,7 @@ func (l *listener) listen(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+quote(l.channel)); err != nil {
 		return err
 	}
-	l.notify("", true)
+	l.wakeAll()
 	for {
 		n, err := conn.Conn().WaitForNotification(ctx)
 		if err != nil {
@@ -238,6 +272,6 @@ func (l *listener) listen(ctx context.Context) error {
 			}
 			return err
 		}
-		l.notify(n.Payload, false)
+		l.wake(n.Payload)
 	}
 }
