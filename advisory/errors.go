@@ -108,8 +108,8 @@ func classify(ctx context.Context, err error) error {
 		}
 	}
 	ctxErr := ctx.Err()
-	if sentinel == nil && errors.Is(ctxErr, context.DeadlineExceeded) {
-		sentinel = ErrLockTimeout // the deadline ended the wait
+	if sentinel == nil && (errors.Is(ctxErr, context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)) {
+		sentinel = ErrLockTimeout // a deadline or the call's timeout ended the wait
 	}
 	errs := chain{}
 	if sentinel != nil {

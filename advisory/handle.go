@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/pgxlock/pgxlock/keys"
-	"github.com/pgxlock/pgxlock/pooltx"
 )
 
 // Lock is a session-level advisory lock held on one pinned connection
@@ -25,12 +24,8 @@ import (
 // A Lock must be ended with Unlock, also after it was lost. Its methods are
 // safe for concurrent use.
 type Lock struct {
-	l      *Locker
-	c      *pooltx.Conn
-	s      keySet
-	shared bool
-	op     string
-	start  time.Time
+	l *Locker
+	a *acquired
 
 	done chan struct{} // closed on loss or Unlock
 
@@ -77,26 +72,12 @@ func (l *Locker) TryLockAll(ctx context.Context, ks []keys.Key, opts *Options) (
 }
 
 func (l *Locker) lock(ctx context.Context, ks []keys.Key, opts *Options, try bool) (*Lock, error) {
-	shared := opts.shared()
-	op := opName(sessionOp(try), shared)
-	s, err := newKeySet(ks, l.cfg.MaxKeys)
+	a, err := l.acquireSession(ctx, ks, opts, try)
 	if err != nil {
-		return nil, &LockError{Op: op, Keys: ks, Err: err}
-	}
-	c, err := pooltx.Acquire(ctx, l.pool, l.connOptions())
-	if err != nil {
-		return nil, &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
-	}
-	if err := l.checkProxy(ctx, c, op, s.all); err != nil {
-		c.Release()
-		return nil, err
-	}
-	if err := l.lockSession(ctx, c, &s, op, shared, try, opts); err != nil {
-		c.Release()
 		return nil, err
 	}
 	h := &Lock{
-		l: l, c: c, s: s, shared: shared, op: op, start: time.Now(),
+		l: l, a: a,
 		done:      make(chan struct{}),
 		watchDone: make(chan struct{}),
 	}
@@ -105,7 +86,7 @@ func (l *Locker) lock(ctx context.Context, ks []keys.Key, opts *Options, try boo
 }
 
 // Keys returns the keys the lock holds, sorted and de-duplicated.
-func (h *Lock) Keys() []keys.Key { return append([]keys.Key(nil), h.s.all...) }
+func (h *Lock) Keys() []keys.Key { return append([]keys.Key(nil), h.a.s.all...) }
 
 // Done returns a channel that is closed when the lock is lost or unlocked.
 func (h *Lock) Done() <-chan struct{} { return h.done }
@@ -135,7 +116,7 @@ func (h *Lock) Unlock(ctx context.Context) error {
 	h.stopping = true
 	if h.waiting {
 		// Cut the watcher's read short; it resets the deadline itself.
-		_ = h.c.Conn().PgConn().Conn().SetReadDeadline(time.Now())
+		_ = h.a.c.Conn().PgConn().Conn().SetReadDeadline(time.Now())
 	}
 	h.mu.Unlock()
 	<-h.watchDone
@@ -147,9 +128,9 @@ func (h *Lock) Unlock(ctx context.Context) error {
 	if lost != nil {
 		err = lost // the watcher has destroyed the connection already
 	} else {
-		err = h.l.unlockSession(ctx, h.c, &h.s, h.shared)
-		h.c.Release()
-		h.l.debug(ctx, "released", h.op, h.s.all, "held", time.Since(h.start))
+		err = h.l.unlockSession(ctx, h.a.c, &h.a.s, h.a.shared)
+		h.a.span.released(err)
+		h.l.unpin(h.a.c)
 	}
 
 	h.mu.Lock()
@@ -164,15 +145,16 @@ func (h *Lock) Unlock(ctx context.Context) error {
 
 // lose records the loss once and closes Done.
 func (h *Lock) lose(ctx context.Context, cause error) {
-	err := &LockError{Op: h.op, Keys: h.s.all, Err: join(ErrLockLost, cause)}
+	err := &LockError{Op: h.a.op, Keys: h.a.s.all, Err: join(ErrLockLost, cause)}
+	h.a.c.MarkDirty(err)
+	h.l.unpin(h.a.c)
+	h.a.span.lost(err)
 	h.mu.Lock()
 	if h.err == nil {
 		h.err = err
 		close(h.done)
 	}
 	h.mu.Unlock()
-	h.l.warn(ctx, "lock lost; connection destroyed", h.op, h.s.all, "err", cause, "held", time.Since(h.start))
-	h.c.Destroy(err)
 }
 
 // watch runs while the lock is held. It parks in a read on the idle
@@ -184,7 +166,7 @@ func (h *Lock) lose(ctx context.Context, cause error) {
 // the connection, because nothing else does until it has returned.
 func (h *Lock) watch(ctx context.Context) {
 	defer close(h.watchDone)
-	pg := h.c.Conn().PgConn()
+	pg := h.a.c.Conn().PgConn()
 	nc := pg.Conn()
 	interval, timeout := h.l.cfg.HeartbeatInterval, h.l.cfg.HeartbeatTimeout
 	for {

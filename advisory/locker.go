@@ -69,6 +69,19 @@ type Config struct {
 	// transaction pooling mode session locks do not exclude anybody. Set it
 	// only for a proxy in session pooling mode.
 	AllowProxy bool
+
+	// MaxConns caps the pooled connections the Locker pins at once, for
+	// holders and waiters together; calls over the cap wait their turn
+	// (FIFO, bounded by their timeout and context). Zero means no cap
+	// beyond the pool's own size. Independently of it, the goroutines of
+	// one Locker that wait for the same key pin one connection between
+	// them: the others queue in process.
+	MaxConns int
+
+	// Tracer, when set, receives acquisition events; if it also implements
+	// ReleaseTracer or LostTracer it receives those events too. See
+	// MultiTracer for several.
+	Tracer AcquireTracer
 }
 
 // Defaults for the loss watcher of held locks.
@@ -100,6 +113,9 @@ type Locker struct {
 	cfg  Config
 	log  *slog.Logger
 
+	gates gates   // per-key local wait queues
+	conns connCap // Config.MaxConns; nil: no cap
+
 	proxyMu      sync.Mutex
 	proxyChecked bool // a proxy check has succeeded
 	proxied      bool // and found a proxy
@@ -111,7 +127,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Locker, error) {
 	if pool == nil {
 		return nil, invalid("nil pool")
 	}
-	if cfg.LockTimeout < 0 || cfg.CleanupTimeout < 0 || cfg.MaxKeys < 0 || cfg.HeartbeatTimeout < 0 {
+	if cfg.LockTimeout < 0 || cfg.CleanupTimeout < 0 || cfg.MaxKeys < 0 || cfg.HeartbeatTimeout < 0 || cfg.MaxConns < 0 {
 		return nil, invalid("negative Config setting")
 	}
 	if cfg.CleanupTimeout == 0 {
@@ -133,7 +149,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Locker, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Locker{pool: pool, cfg: cfg, log: log}, nil
+	l := &Locker{pool: pool, cfg: cfg, log: log}
+	if cfg.MaxConns > 0 {
+		l.conns = make(connCap, cfg.MaxConns)
+	}
+	return l, nil
 }
 
 // Pool returns the pool the Locker draws connections from.
@@ -150,32 +170,40 @@ func (l *Locker) timeout(opts *Options) time.Duration {
 	return l.cfg.LockTimeout
 }
 
-// waitContext prepares a blocking wait. It returns the context to run the
-// lock statement under and the lock_timeout to send ("" = leave the
-// server's setting alone).
+// waitBound returns the context that bounds a blocking call's whole wait
+// (local queue, connection cap, pool, server): ctx, shortened by the
+// call's timeout. Try calls do not wait and get ctx itself.
+func (l *Locker) waitBound(ctx context.Context, opts *Options, try bool) (context.Context, context.CancelFunc) {
+	if try {
+		return ctx, func() {}
+	}
+	if d := l.timeout(opts); d > 0 {
+		return context.WithTimeout(ctx, d)
+	}
+	return ctx, func() {}
+}
+
+// waitContext prepares the server-side part of a blocking wait bounded by
+// wctx. It returns the context to run the lock statement under and the
+// lock_timeout to send ("" = leave the server's setting alone).
 //
-// A context deadline becomes a server-side lock_timeout, so that a wait
-// that times out ends with 55P03 and keeps its connection. For that, the
+// wctx's deadline becomes a server-side lock_timeout, so that a wait that
+// times out ends with 55P03 and keeps its connection. For that, the
 // returned context ignores the deadline for deadlineGrace after it passes
 // (pgx would otherwise close the connection at the deadline), while an
-// explicit cancellation of ctx still interrupts the wait at once.
-func (l *Locker) waitContext(ctx context.Context, timeout time.Duration) (context.Context, string, func()) {
-	deadline, ok := ctx.Deadline()
+// explicit cancellation still interrupts the wait at once.
+func (l *Locker) waitContext(wctx context.Context) (context.Context, string, func()) {
+	deadline, ok := wctx.Deadline()
 	if !ok {
-		if timeout <= 0 {
-			return ctx, "", func() {}
-		}
-		return ctx, formatTimeout(timeout), func() {}
+		return wctx, "", func() {}
 	}
-	if rem := time.Until(deadline); timeout <= 0 || rem < timeout {
-		timeout = rem
-	}
-	qctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	timeout := time.Until(deadline)
+	qctx, cancel := context.WithCancelCause(context.WithoutCancel(wctx))
 	watched := make(chan struct{})
-	stopWatch := context.AfterFunc(ctx, func() {
+	stopWatch := context.AfterFunc(wctx, func() {
 		defer close(watched)
-		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			cancel(ctx.Err())
+		if !errors.Is(wctx.Err(), context.DeadlineExceeded) {
+			cancel(wctx.Err())
 			return
 		}
 		t := time.NewTimer(deadlineGrace)
@@ -197,15 +225,35 @@ func (l *Locker) waitContext(ctx context.Context, timeout time.Duration) (contex
 	}
 }
 
-// log helpers: keep attribute building off the hot path when disabled.
-func (l *Locker) debug(ctx context.Context, msg string, op string, ks []keys.Key, args ...any) {
-	if l.log.Enabled(ctx, slog.LevelDebug) {
-		l.log.DebugContext(ctx, msg, append([]any{"op", op, "keys", keyStrings(ks)}, args...)...)
+// pin waits for the call's turn and a pooled connection: in the key queues
+// (blocking calls only), then under the MaxConns cap, then in the pool,
+// all bounded by wctx. leave must be called once the lock statement is
+// done, to let the next local waiter go to the server; unpin releases the
+// connection.
+func (l *Locker) pin(wctx context.Context, s *keySet, try bool) (c *pooltx.Conn, leave func(), err error) {
+	leave = func() {}
+	if !try {
+		if leave, err = l.gates.enter(wctx, s.all); err != nil {
+			return nil, nil, err
+		}
 	}
+	if err := l.conns.acquire(wctx); err != nil {
+		leave()
+		return nil, nil, err
+	}
+	c, err = pooltx.Acquire(wctx, l.pool, l.connOptions())
+	if err != nil {
+		l.conns.release()
+		leave()
+		return nil, nil, err
+	}
+	return c, leave, nil
 }
 
-func (l *Locker) warn(ctx context.Context, msg string, op string, ks []keys.Key, args ...any) {
-	l.log.WarnContext(ctx, msg, append([]any{"op", op, "keys", keyStrings(ks)}, args...)...)
+// unpin releases (or destroys, when dirty) a connection taken by pin.
+func (l *Locker) unpin(c *pooltx.Conn) {
+	c.Release()
+	l.conns.release()
 }
 
 func keyStrings(ks []keys.Key) []string {

@@ -46,7 +46,7 @@ func (l *Locker) checkProxy(ctx context.Context, c *pooltx.Conn, op string, ks [
 		}
 		l.proxyChecked, l.proxied = true, proxied
 		if proxied {
-			l.warn(ctx, "connection proxy detected; session locks refused", op, ks)
+			l.log.WarnContext(ctx, "advisory: connection proxy detected; session locks refused", "op", op, "keys", keyStrings(ks))
 		}
 	}
 	if l.proxied {

@@ -3,7 +3,6 @@ package advisory
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -66,44 +65,28 @@ func (l *Locker) connOptions() *pooltx.ConnOptions {
 }
 
 func (l *Locker) withSession(ctx context.Context, ks []keys.Key, opts *Options, try bool, fn func(ctx context.Context, conn *pgx.Conn) error) error {
-	shared := opts.shared()
-	op := opName(sessionOp(try), shared)
 	if fn == nil {
-		return &LockError{Op: op, Keys: ks, Err: invalid("nil callback")}
+		return &LockError{Op: opName(sessionOp(try), opts.shared()), Keys: ks, Err: invalid("nil callback")}
 	}
-	s, err := newKeySet(ks, l.cfg.MaxKeys)
+	a, err := l.acquireSession(ctx, ks, opts, try)
 	if err != nil {
-		return &LockError{Op: op, Keys: ks, Err: err}
-	}
-	c, err := pooltx.Acquire(ctx, l.pool, l.connOptions())
-	if err != nil {
-		return &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
-	}
-	defer c.Release()
-	if err := l.checkProxy(ctx, c, op, s.all); err != nil {
 		return err
 	}
-	if err := l.lockSession(ctx, c, &s, op, shared, try, opts); err != nil {
-		return err
-	}
-	start := time.Now()
 	panicked := true
 	defer func() {
 		if panicked {
-			// Destroying the connection ends its session and every lock
-			// in it; pooltx re-raises nothing here, so re-raise ourselves.
-			r := recover()
-			c.Destroy(errors.New("advisory: callback panicked"))
-			l.warn(ctx, "callback panicked; connection destroyed", op, s.all)
-			if r != nil {
-				panic(r)
-			}
+			// Destroying the connection ends its session and every lock in
+			// it; then the panic goes on up.
+			a.c.MarkDirty(errors.New("advisory: callback panicked"))
+			a.span.released(errors.New("callback panicked; connection destroyed"))
+			l.unpin(a.c)
 		}
 	}()
-	fnErr := fn(ctx, c.Conn())
+	fnErr := fn(ctx, a.c.Conn())
 	panicked = false
-	uerr := l.unlockSession(ctx, c, &s, shared)
-	l.debug(ctx, "released", op, s.all, "held", time.Since(start))
+	uerr := l.unlockSession(ctx, a.c, &a.s, a.shared)
+	a.span.released(uerr)
+	l.unpin(a.c)
 	return join(fnErr, uerr)
 }
 
@@ -128,13 +111,62 @@ func opName(k kind, shared bool) string {
 	return name
 }
 
-// lockSession takes the keys of s at session level on c. On any failure
-// nothing stays held by c: the locks a failed or partly granted statement
-// may have left are released, or c is marked dirty.
-func (l *Locker) lockSession(ctx context.Context, c *pooltx.Conn, s *keySet, op string, shared, try bool, opts *Options) error {
+// acquired is a session lock just taken: the pinned connection that holds
+// it and the trace span it belongs to.
+type acquired struct {
+	c      *pooltx.Conn
+	s      keySet
+	shared bool
+	op     string
+	span   *span
+}
+
+// acquireSession validates ks, waits for its turn and a connection, and
+// takes the keys at session level. On error nothing is held or pinned.
+func (l *Locker) acquireSession(ctx context.Context, ks []keys.Key, opts *Options, try bool) (*acquired, error) {
+	shared := opts.shared()
+	op := opName(sessionOp(try), shared)
+	s, err := newKeySet(ks, l.cfg.MaxKeys)
+	if err != nil {
+		return nil, &LockError{Op: op, Keys: ks, Err: err}
+	}
+	sp := l.startSpan(ctx, ScopeSession, s.all, shared, try)
+	a, err := l.acquireSessionTraced(ctx, &s, op, shared, try, opts)
+	sp.acquired(err)
+	if err != nil {
+		return nil, err
+	}
+	a.span = sp
+	return a, nil
+}
+
+func (l *Locker) acquireSessionTraced(ctx context.Context, s *keySet, op string, shared, try bool, opts *Options) (*acquired, error) {
+	wctx, stop := l.waitBound(ctx, opts, try)
+	defer stop()
+	c, leave, err := l.pin(wctx, s, try)
+	if err != nil {
+		return nil, &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
+	}
+	defer leave()
+	if err := l.checkProxy(ctx, c, op, s.all); err != nil {
+		l.unpin(c)
+		return nil, err
+	}
+	if err := l.lockSession(ctx, wctx, c, s, op, shared, try); err != nil {
+		l.unpin(c)
+		return nil, err
+	}
+	return &acquired{c: c, s: *s, shared: shared, op: op}, nil
+}
+
+// lockSession takes the keys of s at session level on c; wctx bounds the
+// wait. On any failure nothing stays held by c: the locks a failed or
+// partly granted statement may have left are released, or c is marked
+// dirty.
+func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySet, op string, shared, try bool) error {
 	qctx, timeout, stop := ctx, "", func() {}
 	if !try {
-		qctx, timeout, stop = l.waitContext(ctx, l.timeout(opts))
+		qctx, timeout, stop = l.waitContext(wctx)
 	}
 	defer stop()
 
@@ -149,12 +181,12 @@ func (l *Locker) lockSession(ctx context.Context, c *pooltx.Conn, s *keySet, op 
 		// The outcome is unknown: a lock may have been granted just before
 		// the error (a cancel racing the grant), or a multi-key statement
 		// may have taken some keys before failing.
-		l.releaseAfterFailure(ctx, c, op, s.all)
+		l.releaseAfterFailure(ctx, c)
 		return &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 	}
 	if falses > 0 {
 		if falses < len(s.all) {
-			l.releaseAfterFailure(ctx, c, op, s.all)
+			l.releaseAfterFailure(ctx, c)
 		}
 		return &LockError{Op: op, Keys: s.all, Err: join(ErrNotAcquired, ctx.Err())}
 	}
@@ -163,14 +195,13 @@ func (l *Locker) lockSession(ctx context.Context, c *pooltx.Conn, s *keySet, op 
 		err := l.unlockSession(ctx, c, s, shared)
 		return &LockError{Op: op, Keys: s.all, Err: join(classify(ctx, ctx.Err()), err)}
 	}
-	l.debug(ctx, "acquired", op, s.all)
 	return nil
 }
 
 // releaseAfterFailure drops every session-level advisory lock c may hold
 // after a failed lock statement, under a fresh bounded context; if that is
 // impossible, c is marked dirty so that it is destroyed.
-func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn, op string, ks []keys.Key) {
+func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 	if c.Conn().IsClosed() {
 		c.MarkDirty(errors.New("advisory: connection closed during lock"))
 		return
@@ -179,7 +210,6 @@ func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn, op str
 	defer cancel()
 	if _, err := c.Conn().Exec(cctx, sqlUnlockAll); err != nil {
 		c.MarkDirty(&pooltx.CleanupError{Step: "unlock", Err: err})
-		l.warn(ctx, "unlock after failed lock failed; connection destroyed", op, ks, "err", err)
 	}
 }
 
@@ -198,12 +228,10 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, s
 	if err := c.Conn().SendBatch(cctx, b).Close(); err != nil {
 		cerr := &pooltx.CleanupError{Step: "unlock", Err: err}
 		c.MarkDirty(cerr)
-		l.warn(ctx, "unlock failed; connection destroyed", op, s.all, "err", err)
 		return &LockError{Op: op, Keys: s.all, Err: cerr}
 	}
 	if falses > 0 {
 		c.MarkDirty(ErrNotHeld)
-		l.warn(ctx, "unlock found the lock not held; connection destroyed", op, s.all)
 		return &LockError{Op: op, Keys: s.all, Err: ErrNotHeld}
 	}
 	return nil

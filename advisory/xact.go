@@ -2,7 +2,8 @@ package advisory
 
 import (
 	"context"
-	"time"
+	"errors"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 
@@ -67,10 +68,22 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 	if err != nil {
 		return &LockError{Op: op, Keys: ks, Err: err}
 	}
+	sp := l.startSpan(ctx, ScopeXact, s.all, shared, try)
+	wctx, stopBound := l.waitBound(ctx, opts, try)
+	defer stopBound()
+	c, leave, err := l.pin(wctx, &s, try)
+	if err != nil {
+		err = &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
+		sp.acquired(err)
+		return err
+	}
+	defer l.unpin(c)
+	leaveOnce := sync.OnceFunc(leave)
+	defer leaveOnce()
 
 	qctx, timeout, stop := ctx, "", func() {}
 	if !try {
-		qctx, timeout, stop = l.waitContext(ctx, l.timeout(opts))
+		qctx, timeout, stop = l.waitContext(wctx)
 	}
 	defer stop()
 
@@ -81,7 +94,6 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 	}
 	txOpts := &pooltx.TxOptions{
 		PreambleContext: qctx,
-		CleanupTimeout:  l.cfg.CleanupTimeout,
 		Preamble: func(b *pgx.Batch) {
 			if timeout != "" {
 				b.Queue(sqlSaveTimeout, timeout)
@@ -101,23 +113,36 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 		},
 	}
 
-	inFn := false
-	var start time.Time
-	err = pooltx.WithTx(ctx, l.pool, txOpts, func(ctx context.Context, tx pgx.Tx) error {
+	inFn, returned := false, false
+	defer func() {
+		if inFn && !returned { // fn panicked: the connection was destroyed
+			sp.released(errors.New("callback panicked; connection destroyed"))
+		}
+	}()
+	err = c.Tx(ctx, txOpts, func(ctx context.Context, tx pgx.Tx) error {
 		stop()
-		l.debug(ctx, "acquired", op, s.all)
-		inFn, start = true, time.Now()
+		leaveOnce()
+		if ctx.Err() != nil {
+			// Granted after the caller gave up: roll back, which releases.
+			return ctx.Err()
+		}
+		sp.acquired(nil)
+		inFn = true
 		return fn(ctx, tx)
 	})
+	returned = true
 	if inFn {
-		l.debug(ctx, "released", op, s.all, "held", time.Since(start))
+		sp.released(nil)
 		return err // fn's or COMMIT's error, unchanged
 	}
 	if err == nil {
-		return nil
+		return nil // unreachable: fn ran unless the preamble failed
 	}
 	if falses > 0 {
-		return &LockError{Op: op, Keys: s.all, Err: join(ErrNotAcquired, ctx.Err())}
+		err = &LockError{Op: op, Keys: s.all, Err: join(ErrNotAcquired, ctx.Err())}
+	} else {
+		err = &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 	}
-	return &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
+	sp.acquired(err)
+	return err
 }

@@ -1,0 +1,211 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/pgxlock/pgxlock/keys"
+)
+
+// Tracing follows pgx: Config.Tracer is an AcquireTracer and may also
+// implement ReleaseTracer and LostTracer, found by type assertion. Use
+// MultiTracer to install several. Tracers are called synchronously on the
+// caller's goroutine (TraceLost on the watcher's) and must be fast and
+// safe for concurrent use. Keys in trace data are the call's keys, sorted
+// and de-duplicated; they must not be retained and modified.
+
+// Scope is a lock's lifetime: a session or a transaction.
+type Scope string
+
+// Scopes.
+const (
+	ScopeSession Scope = "session"
+	ScopeXact    Scope = "xact"
+)
+
+// Outcome classifies how an acquisition ended.
+type Outcome string
+
+// Outcomes of TraceAcquireEnd.
+const (
+	OutcomeAcquired  Outcome = "acquired"
+	OutcomeBusy      Outcome = "busy"      // a Try call found a key held
+	OutcomeTimeout   Outcome = "timeout"   // ErrLockTimeout
+	OutcomeDeadlock  Outcome = "deadlock"  // ErrDeadlock
+	OutcomeCancelled Outcome = "cancelled" // the context was cancelled
+	OutcomeError     Outcome = "error"     // anything else
+)
+
+// OutcomeOf classifies an error returned by this package's lock calls.
+func OutcomeOf(err error) Outcome {
+	switch {
+	case err == nil:
+		return OutcomeAcquired
+	case errors.Is(err, ErrNotAcquired):
+		return OutcomeBusy
+	case errors.Is(err, ErrLockTimeout):
+		return OutcomeTimeout
+	case errors.Is(err, ErrDeadlock):
+		return OutcomeDeadlock
+	case errors.Is(err, context.Canceled):
+		return OutcomeCancelled
+	}
+	return OutcomeError
+}
+
+// TraceAcquireStartData describes an acquisition that begins.
+type TraceAcquireStartData struct {
+	Keys   []keys.Key
+	Scope  Scope
+	Shared bool
+	Try    bool // false: the call may wait
+}
+
+// TraceAcquireEndData describes how it ended.
+type TraceAcquireEndData struct {
+	TraceAcquireStartData
+	Waited  time.Duration // from start to outcome, including the wait for a connection
+	Outcome Outcome
+	Err     error // nil when acquired
+}
+
+// TraceReleaseData describes a release: an unlock (session) or the end of
+// the transaction (xact).
+type TraceReleaseData struct {
+	Keys   []keys.Key
+	Scope  Scope
+	Shared bool
+	Held   time.Duration
+	Err    error // a failed unlock (ErrNotHeld, ...) or nil
+}
+
+// TraceLostData describes a held session lock whose connection died.
+type TraceLostData struct {
+	Keys   []keys.Key
+	Shared bool
+	Held   time.Duration
+	Err    error // matches ErrLockLost, wraps the cause
+}
+
+// AcquireTracer traces acquisitions. TraceAcquireStart may return a derived
+// context (a span); it is passed to TraceAcquireEnd and, when acquired, to
+// the release and loss events of the same lock.
+type AcquireTracer interface {
+	TraceAcquireStart(ctx context.Context, data TraceAcquireStartData) context.Context
+	TraceAcquireEnd(ctx context.Context, data TraceAcquireEndData)
+}
+
+// ReleaseTracer traces releases of acquired locks.
+type ReleaseTracer interface {
+	TraceRelease(ctx context.Context, data TraceReleaseData)
+}
+
+// LostTracer traces losses of held session locks.
+type LostTracer interface {
+	TraceLost(ctx context.Context, data TraceLostData)
+}
+
+// MultiTracer fans every event out to each of its tracers that implements
+// the event's interface, in order.
+type MultiTracer []AcquireTracer
+
+// TraceAcquireStart implements AcquireTracer.
+func (m MultiTracer) TraceAcquireStart(ctx context.Context, data TraceAcquireStartData) context.Context {
+	for _, t := range m {
+		ctx = t.TraceAcquireStart(ctx, data)
+	}
+	return ctx
+}
+
+// TraceAcquireEnd implements AcquireTracer.
+func (m MultiTracer) TraceAcquireEnd(ctx context.Context, data TraceAcquireEndData) {
+	for _, t := range m {
+		t.TraceAcquireEnd(ctx, data)
+	}
+}
+
+// TraceRelease implements ReleaseTracer.
+func (m MultiTracer) TraceRelease(ctx context.Context, data TraceReleaseData) {
+	for _, t := range m {
+		if rt, ok := t.(ReleaseTracer); ok {
+			rt.TraceRelease(ctx, data)
+		}
+	}
+}
+
+// TraceLost implements LostTracer.
+func (m MultiTracer) TraceLost(ctx context.Context, data TraceLostData) {
+	for _, t := range m {
+		if lt, ok := t.(LostTracer); ok {
+			lt.TraceLost(ctx, data)
+		}
+	}
+}
+
+// span follows one acquisition and, once acquired, the lock it gave.
+type span struct {
+	l     *Locker
+	ctx   context.Context // the tracer's context
+	data  TraceAcquireStartData
+	start time.Time
+	got   time.Time
+}
+
+func (l *Locker) startSpan(ctx context.Context, scope Scope, ks []keys.Key, shared, try bool) *span {
+	s := &span{l: l, ctx: ctx, start: time.Now(),
+		data: TraceAcquireStartData{Keys: ks, Scope: scope, Shared: shared, Try: try}}
+	if l.cfg.Tracer != nil {
+		s.ctx = l.cfg.Tracer.TraceAcquireStart(ctx, s.data)
+	}
+	return s
+}
+
+// acquired ends the acquisition with err (nil: acquired).
+func (s *span) acquired(err error) {
+	s.got = time.Now()
+	out := OutcomeOf(err)
+	if t := s.l.cfg.Tracer; t != nil {
+		t.TraceAcquireEnd(s.ctx, TraceAcquireEndData{TraceAcquireStartData: s.data, Waited: s.got.Sub(s.start), Outcome: out, Err: err})
+	}
+	level := slog.LevelDebug
+	if out == OutcomeError || out == OutcomeDeadlock {
+		level = slog.LevelWarn
+	}
+	if s.l.log.Enabled(s.ctx, level) {
+		attrs := []any{"scope", s.data.Scope, "keys", keyStrings(s.data.Keys), "shared", s.data.Shared,
+			"try", s.data.Try, "outcome", out, "waited", s.got.Sub(s.start)}
+		if err != nil {
+			attrs = append(attrs, "err", err)
+		}
+		s.l.log.Log(s.ctx, level, "advisory lock acquire", attrs...)
+	}
+}
+
+func (s *span) released(err error) {
+	held := time.Since(s.got)
+	if rt, ok := s.l.cfg.Tracer.(ReleaseTracer); ok {
+		rt.TraceRelease(s.ctx, TraceReleaseData{Keys: s.data.Keys, Scope: s.data.Scope, Shared: s.data.Shared, Held: held, Err: err})
+	}
+	level := slog.LevelDebug
+	if err != nil {
+		level = slog.LevelWarn
+	}
+	if s.l.log.Enabled(s.ctx, level) {
+		attrs := []any{"scope", s.data.Scope, "keys", keyStrings(s.data.Keys), "shared", s.data.Shared, "held", held}
+		if err != nil {
+			attrs = append(attrs, "err", err)
+		}
+		s.l.log.Log(s.ctx, level, "advisory lock release", attrs...)
+	}
+}
+
+func (s *span) lost(err error) {
+	held := time.Since(s.got)
+	if lt, ok := s.l.cfg.Tracer.(LostTracer); ok {
+		lt.TraceLost(s.ctx, TraceLostData{Keys: s.data.Keys, Shared: s.data.Shared, Held: held, Err: err})
+	}
+	s.l.log.WarnContext(s.ctx, "advisory lock lost; connection destroyed",
+		"scope", s.data.Scope, "keys", keyStrings(s.data.Keys), "shared", s.data.Shared, "held", held, "err", err)
+}
