@@ -96,7 +96,9 @@ func TestLocalQueueTimeoutAndCancel(t *testing.T) {
 	assert.Less(t, time.Since(start), 900*time.Millisecond, "its own 150ms bound, not the head's 1s")
 	// And so does cancellation.
 	cctx, cancel := context.WithCancel(ctx)
-	go func() { errs <- l.WithLock(cctx, k, &advisory.Options{Timeout: -1}, func(context.Context, *pgx.Conn) error { return nil }) }()
+	go func() {
+		errs <- l.WithLock(cctx, k, &advisory.Options{Timeout: -1}, func(context.Context, *pgx.Conn) error { return nil })
+	}()
 	cancel()
 	assert.ErrorIs(t, <-errs, context.Canceled)
 	assert.ErrorIs(t, <-errs, advisory.ErrLockTimeout, "the head times out on the server after 1s")
