@@ -63,7 +63,7 @@ func TestColumnMissingRowIsNotFound(t *testing.T) {
 
 	l, err := c.TryAcquire(ctx, int64(1))
 	require.NoError(t, err)
-	exec(t, p1, "DELETE FROM "+pgx.Identifier{schema, "users"}.Sanitize()+" WHERE id = 1")
+	mustExec(t, p1, "DELETE FROM "+pgx.Identifier{schema, "users"}.Sanitize()+" WHERE id = 1")
 	require.ErrorIs(t, l.Renew(ctx), lease.ErrNotFound)
 	require.ErrorIs(t, l.Release(ctx), lease.ErrNotFound)
 }
@@ -178,7 +178,7 @@ func TestColumnUUIDOwnerColumn(t *testing.T) {
 	p1, _, schema := twoPools(t)
 	ctx := testCtx(t)
 	table := pgx.Identifier{schema, "jobs"}.Sanitize()
-	exec(t, p1, "CREATE TABLE "+table+" (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), locked_at timestamptz, locked_by uuid, lock_fence bigint NOT NULL DEFAULT 0)")
+	mustExec(t, p1, "CREATE TABLE "+table+" (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), locked_at timestamptz, locked_by uuid, lock_fence bigint NOT NULL DEFAULT 0)")
 	id := queryOne[string](t, p1, "INSERT INTO "+table+" DEFAULT VALUES RETURNING id::text")
 	c, err := lease.NewColumn(p1, lease.ColumnConfig{Schema: schema, Table: "jobs", TTL: time.Minute})
 	require.NoError(t, err)
@@ -192,7 +192,7 @@ func TestColumnUUIDOwnerColumn(t *testing.T) {
 // *pgconn.PgError in the chain.
 func TestColumnKeepsPgError(t *testing.T) {
 	p1, _, schema := twoPools(t)
-	exec(t, p1, "CREATE TABLE "+pgx.Identifier{schema, "bare"}.Sanitize()+" (id int PRIMARY KEY)")
+	mustExec(t, p1, "CREATE TABLE "+pgx.Identifier{schema, "bare"}.Sanitize()+" (id int PRIMARY KEY)")
 	c, err := lease.NewColumn(p1, lease.ColumnConfig{Schema: schema, Table: "bare", TTL: time.Minute})
 	require.NoError(t, err)
 	_, err = c.TryAcquire(testCtx(t), 1)

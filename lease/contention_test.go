@@ -33,9 +33,9 @@ func newLedger(t *testing.T, pool *pgxpool.Pool, schema string) ledger {
 		occupancy: pgx.Identifier{schema, "occupancy"}.Sanitize(),
 		entries:   pgx.Identifier{schema, "entries"}.Sanitize(),
 	}
-	exec(t, pool, "CREATE TABLE "+l.occupancy+" (id int PRIMARY KEY, writer int, readers int NOT NULL DEFAULT 0, max_readers int NOT NULL DEFAULT 0)")
-	exec(t, pool, "INSERT INTO "+l.occupancy+" (id) VALUES (1)")
-	exec(t, pool, "CREATE TABLE "+l.entries+" (seq bigserial PRIMARY KEY, who int NOT NULL, event text NOT NULL, token bigint NOT NULL)")
+	mustExec(t, pool, "CREATE TABLE "+l.occupancy+" (id int PRIMARY KEY, writer int, readers int NOT NULL DEFAULT 0, max_readers int NOT NULL DEFAULT 0)")
+	mustExec(t, pool, "INSERT INTO "+l.occupancy+" (id) VALUES (1)")
+	mustExec(t, pool, "CREATE TABLE "+l.entries+" (seq bigserial PRIMARY KEY, who int NOT NULL, event text NOT NULL, token bigint NOT NULL)")
 	return l
 }
 
@@ -243,10 +243,10 @@ func TestContentionWriterNotStarved(t *testing.T) {
 	// writer intent changes.
 	intentLog := pgx.Identifier{schema, "intent_log"}.Sanitize()
 	logFn := pgx.Identifier{schema, "log_intent"}.Sanitize()
-	exec(t, p1, "CREATE TABLE "+intentLog+" (seq bigserial PRIMARY KEY, fence bigint NOT NULL, intent text)")
-	exec(t, p1, "CREATE FUNCTION "+logFn+"() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO "+intentLog+
+	mustExec(t, p1, "CREATE TABLE "+intentLog+" (seq bigserial PRIMARY KEY, fence bigint NOT NULL, intent text)")
+	mustExec(t, p1, "CREATE FUNCTION "+logFn+"() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO "+intentLog+
 		" (fence, intent) VALUES (NEW.fence, NEW.writer_intent); RETURN NEW; END $$")
-	exec(t, p1, "CREATE TRIGGER log_intent AFTER UPDATE ON "+resources+
+	mustExec(t, p1, "CREATE TRIGGER log_intent AFTER UPDATE ON "+resources+
 		" FOR EACH ROW WHEN (NEW.writer_intent IS DISTINCT FROM OLD.writer_intent) EXECUTE FUNCTION "+logFn+"()")
 
 	stop := make(chan struct{})

@@ -48,7 +48,7 @@ func TestDoColumnCancelledWhenRowStolenOrDeleted(t *testing.T) {
 				})
 			}()
 			<-started
-			exec(t, p2, fmt.Sprintf(sabotage, users))
+			mustExec(t, p2, fmt.Sprintf(sabotage, users))
 			require.ErrorIs(t, <-cause, lease.ErrLeaseLost)
 			err := <-done
 			require.ErrorIs(t, err, lease.ErrLeaseLost)

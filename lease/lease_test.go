@@ -31,8 +31,8 @@ func twoPools(t testing.TB) (p1, p2 *pgxpool.Pool, schema string) {
 	return p1, p2, pgtest.Schema(t, p1)
 }
 
-// exec runs SQL that must succeed.
-func exec(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) {
+// mustExec runs SQL that must succeed.
+func mustExec(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -55,9 +55,9 @@ func queryOne[T any](t testing.TB, pool *pgxpool.Pool, sql string, args ...any) 
 func usersTable(t testing.TB, pool *pgxpool.Pool, schema string, ttl time.Duration, ids ...int64) *lease.Column {
 	t.Helper()
 	table := pgx.Identifier{schema, "users"}.Sanitize()
-	exec(t, pool, "CREATE TABLE "+table+" (id bigint PRIMARY KEY, auth_id text NOT NULL DEFAULT '')")
+	mustExec(t, pool, "CREATE TABLE "+table+" (id bigint PRIMARY KEY, auth_id text NOT NULL DEFAULT '')")
 	for _, id := range ids {
-		exec(t, pool, "INSERT INTO "+table+" (id) VALUES ($1)", id)
+		mustExec(t, pool, "INSERT INTO "+table+" (id) VALUES ($1)", id)
 	}
 	col, err := lease.NewColumn(pool, lease.ColumnConfig{
 		Schema: schema, Table: "users", LockedAtColumn: "identity_action_locked_at",
