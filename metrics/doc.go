@@ -1,0 +1,32 @@
+// Package metrics exports pgxlock's lock events as Prometheus metrics.
+//
+// A [Collector] is an advisory tracer (install it as advisory.Config.Tracer,
+// alone or in an advisory.MultiTracer) and a prometheus.Collector (register
+// it with a registry):
+//
+//	m := metrics.New(metrics.Options{})
+//	prometheus.MustRegister(m)
+//	locker, err := advisory.New(pool, advisory.Config{Tracer: m})
+//
+// # Metrics
+//
+//	pgxlock_acquisitions_total{scope,mode,result,namespace}  counter
+//	pgxlock_wait_seconds{scope,mode,namespace}               histogram (acquire start to outcome)
+//	pgxlock_hold_seconds{scope,mode,namespace}               histogram (acquired to released or lost)
+//	pgxlock_held{scope,mode,namespace}                       gauge (locks held now)
+//	pgxlock_waiting{scope,mode,namespace}                    gauge (acquisitions in progress)
+//	pgxlock_lost_total{namespace}                            counter (session locks lost)
+//	pgxlock_lease_renewals_total{result}                     counter (ok, lost, error)
+//
+// scope is "session" or "xact"; mode "exclusive" or "shared"; result one of
+// advisory's outcomes (acquired, busy, timeout, deadlock, cancelled,
+// error).
+//
+// # Cardinality
+//
+// Labels never carry a key: keys are unbounded. namespace is the name of
+// the registered keys.Namespace of the call's pair keys, "none" for bigint
+// keys (plain or hashed) and "mixed" for a call whose keys span several.
+// Only registered namespaces appear, so the series stay bounded by code,
+// not by data.
+package metrics
