@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -214,6 +215,41 @@ func (p *Proc) WaitLine(t testing.TB, from int, substr string, timeout time.Dura
 		case <-grew:
 		case <-deadline.C:
 			t.Fatalf("extest: %s printed no %q within %v", p.Name, substr, timeout)
+		}
+	}
+}
+
+// WaitAny waits up to timeout for a line containing substr in the output of any of procs,
+// looking in procs[i] from line from[i] on (from may be nil: from the start). It returns
+// which process printed it and the line's index, and fails the test if none does.
+func WaitAny(t testing.TB, procs []*Proc, from []int, substr string, timeout time.Duration) (proc, line int) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		cases := []reflect.SelectCase{{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(deadline.C)}}
+		for i, p := range procs {
+			start := 0
+			if from != nil {
+				start = from[i]
+			}
+			p.mu.Lock()
+			for j := start; j < len(p.lines); j++ {
+				if strings.Contains(p.lines[j], substr) {
+					p.mu.Unlock()
+					return i, j
+				}
+			}
+			if !p.eof {
+				cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(p.grew)})
+			}
+			p.mu.Unlock()
+		}
+		if len(cases) == 1 {
+			t.Fatalf("extest: every process exited without printing %q", substr)
+		}
+		if chosen, _, _ := reflect.Select(cases); chosen == 0 {
+			t.Fatalf("extest: no process printed %q within %v", substr, timeout)
 		}
 	}
 }

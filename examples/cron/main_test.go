@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"net"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlock/pgxlock/examples/internal/extest"
+	"github.com/pgxlock/pgxlock/internal/exampledb"
+	"github.com/pgxlock/pgxlock/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var tickLine = regexp.MustCompile(`^\S+ (\S+)\s+tick (\S+)  (.*)$`)
+
+// Three replicas in one process: every tick is run by exactly one replica and skipped by
+// the other two, and no two runs overlap.
+func TestReplicasInProcess(t *testing.T) {
+	url := extest.DatabaseURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out syncBuilder
+	cfg := config{URL: url, Replicas: 3, Name: "r", Every: 200 * time.Millisecond,
+		JobTime: 50 * time.Millisecond, Duration: 1500 * time.Millisecond}
+	require.NoError(t, run(ctx, cfg, &out))
+	t.Log("\n" + out.String())
+
+	ran := map[string][]string{} // tick -> replicas that ran it
+	skipped := map[string]int{}
+	for _, line := range strings.Split(out.String(), "\n") {
+		m := tickLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		switch {
+		case m[3] == "running the job":
+			ran[m[2]] = append(ran[m[2]], m[1])
+		case strings.HasPrefix(m[3], "skipped"):
+			skipped[m[2]]++
+		}
+	}
+	require.GreaterOrEqual(t, len(ran), 5, "ticks run in 1.5 s at 200 ms")
+	for tick, replicas := range ran {
+		assert.Len(t, replicas, 1, "tick %s run by %v", tick, replicas)
+		assert.Equal(t, 2, skipped[tick], "replicas that skipped tick %s", tick)
+	}
+	assert.Contains(t, out.String(), "overlapping runs: 0")
+
+	conn := extest.Connect(t, url)
+	var rows, unfinished int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE finished_at IS NULL)
+		FROM cron_runs`).Scan(&rows, &unfinished))
+	assert.Equal(t, len(ran), rows)
+	assert.Zero(t, unfinished)
+}
+
+// Three processes, one replica each. The process running a tick is SIGKILLed in the
+// middle of its job: PostgreSQL drops its session and its lock, and another process runs
+// a later tick.
+func TestKillRunnerAnotherTakesOver(t *testing.T) {
+	bin := extest.Build(t)
+	url := extest.DatabaseURL(t)
+	env := []string{exampledb.EnvURL + "=" + url}
+	args := []string{"--replicas=1", "--every=500ms", "--job-time=400ms", "--duration=0"}
+	var procs []*extest.Proc
+	for _, name := range []string{"a", "b", "c"} {
+		procs = append(procs, extest.Start(t, name, bin, env, append(args, "--name="+name)...))
+	}
+
+	victim, line := extest.WaitAny(t, procs, nil, "running the job", 10*time.Second)
+	killedTick := tickLine.FindStringSubmatch(procs[victim].Lines()[line])[2]
+	require.NoError(t, procs[victim].Cmd.Process.Signal(syscall.SIGKILL))
+	procs[victim].Wait(t, 5*time.Second)
+	t.Logf("killed %s while it ran tick %s", procs[victim].Name, killedTick)
+
+	// Only output printed after the kill counts.
+	var survivors []*extest.Proc
+	var from []int
+	for i, p := range procs {
+		if i != victim {
+			survivors = append(survivors, p)
+			from = append(from, len(p.Lines()))
+		}
+	}
+	s, line := extest.WaitAny(t, survivors, from, "running the job", 10*time.Second)
+	tick := tickLine.FindStringSubmatch(survivors[s].Lines()[line])[2]
+	assert.Greater(t, tick, killedTick, "ticks are clock times of one day")
+	t.Logf("%s took over at tick %s", survivors[s].Name, tick)
+
+	// The survivors stop cleanly on SIGINT (exit code 130, the shell's convention).
+	for _, p := range survivors {
+		require.NoError(t, p.Cmd.Process.Signal(syscall.SIGINT))
+	}
+	for _, p := range survivors {
+		assert.Equal(t, 130, p.Wait(t, 10*time.Second), p.Name)
+	}
+
+	conn := extest.Connect(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var killedFinished *time.Time
+	require.NoError(t, conn.QueryRow(ctx, `SELECT finished_at FROM cron_runs
+		WHERE replica = $1 ORDER BY tick DESC LIMIT 1`, procs[victim].Name).Scan(&killedFinished))
+	assert.Nil(t, killedFinished, "the killed run never finished")
+}
+
+// With DATABASE_URL unset the program starts a throwaway cluster, says so, runs, and
+// deletes the cluster on exit: the README's first command.
+func TestThrowawayCluster(t *testing.T) {
+	bin := extest.Build(t)
+	p := extest.Start(t, "cron", bin, []string{exampledb.EnvURL + "="}, "--every=500ms", "--duration=1500ms")
+	require.Equal(t, 0, p.Wait(t, 20*time.Second))
+	p.WaitLine(t, 0, "DATABASE_URL is not set", 0)
+	p.WaitLine(t, 0, "running the job", 0)
+	p.WaitLine(t, 0, "summary: ", 0)
+	p.WaitLine(t, 0, "throwaway cluster stopped and deleted", 0)
+}
+
+// Ctrl-C stops the replicas and the throwaway cluster.
+func TestInterruptStopsThrowawayCluster(t *testing.T) {
+	bin := extest.Build(t)
+	p := extest.Start(t, "cron", bin, []string{exampledb.EnvURL + "="}, "--every=300ms", "--duration=0")
+	up := p.WaitLine(t, 0, "throwaway cluster up on ", 20*time.Second)
+	addr := regexp.MustCompile(`127\.0\.0\.1:\d+`).FindString(p.Lines()[up])
+	p.WaitLine(t, up, "running the job", 10*time.Second)
+
+	require.NoError(t, p.Cmd.Process.Signal(syscall.SIGINT))
+	assert.Equal(t, 130, p.Wait(t, 20*time.Second))
+	p.WaitLine(t, 0, "throwaway cluster stopped and deleted", 0)
+	p.WaitLine(t, 0, "cron: interrupted", 0)
+	_, err := net.DialTimeout("tcp", addr, time.Second)
+	assert.Error(t, err, "the cluster at %s still accepts connections", addr)
+}
+
+// syncBuilder is a strings.Builder safe for the replicas' concurrent writes.
+type syncBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuilder) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuilder) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
