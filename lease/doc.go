@@ -1,0 +1,183 @@
+// Package lease provides table-backed leases: mutual exclusion for critical
+// sections that call the outside world (a payment or identity provider, with
+// retries and back-off for seconds) without holding a database connection or
+// transaction while they do.
+//
+// A lease is a row claimed by one compare-and-swap statement, committed at
+// once, and released by another statement. Between the two, nothing is held in
+// PostgreSQL: no connection, no transaction, no lock. A TTL is the safety net:
+// a holder that crashes stops renewing, and after the TTL the next acquirer
+// takes the lease over.
+//
+// # Two forms
+//
+// A column lease ([Column]) lives in three columns of a row you already have,
+// the "users.identity_action_locked_at" pattern: a nullable timestamptz (when
+// locked), the owner token of the current acquisition, and a fencing counter.
+// Acquisition is one statement,
+//
+//	UPDATE users SET locked_at = now(), locked_by = $token, lock_fence = lock_fence + 1
+//	WHERE id = $1 AND (locked_at IS NULL OR locked_at < now() - $ttl)
+//
+// that either changes one row (held) or none: [ErrNotAcquired] when someone
+// else holds a live lease, [ErrNotFound] when no row has that id. Two racing
+// statements cannot both win: the second waits for the first's row lock, then
+// re-evaluates its WHERE clause against the committed row and matches nothing.
+// Renew and Release are scoped to the owner token, which is fresh for every
+// acquisition, so a holder whose lease was taken over can neither extend nor
+// clear the new holder's. Column leases are non-blocking (TryAcquire, TryDo):
+// a caller that finds the row busy usually answers "409 Conflict".
+//
+// A lock-manager table ([Manager]) is Fowler's pessimistic offline lock: a
+// table of holders (resource, owner, mode, token, acquired_at, expires_at,
+// metadata) created by [Manager.Migrate], with a companion table holding one
+// row per resource (its fencing counter and any waiting writer's intent). It
+// offers exclusive and shared modes, blocking [Manager.Acquire] and
+// [Manager.TryAcquire], Renew and Release on the [Lease], and the table-wide
+// [Manager.ReleaseAll], [Manager.Sweep] and [Manager.List]. An acquisition is
+// one round trip that locks the resource's counter row for the microseconds
+// of its decision (so decisions about one resource are taken one at a time)
+// and commits before it returns.
+//
+// Neither form may run inside a transaction that also does the external call:
+// that would hold a connection for the whole call and make the claim invisible
+// until commit. Both take a *pgxpool.Pool, not a pgx.Tx, for that reason.
+//
+// # Waiting
+//
+// A blocking Acquire first tries once. If the lease is busy it subscribes to
+// the table's NOTIFY channel and tries again when a release (or give-back,
+// ReleaseAll, Sweep) of that resource is notified, or after a jittered poll
+// interval, or right after the moment the database says the blocking lease
+// expires (an expiry sends no notification). All waiting calls of a Manager
+// share one pooled connection for LISTEN, held only while someone waits and
+// returned clean (UNLISTEN *, no buffered notifications) or closed. Attempts
+// borrow a connection for one round trip. A release wakes every waiting
+// reader of the process but only the longest-waiting writer. The context
+// governs the whole wait; when it ends, Acquire returns an error wrapping
+// both [ErrNotAcquired] and the context's cause.
+//
+// # Shared mode and writer preference
+//
+// Shared leases coexist with each other and exclude exclusive ones: many
+// readers, no writer. A continuous stream of overlapping readers would starve
+// a writer that waits for "no readers", so the policy is writer preference,
+// as in sync.RWMutex: a blocking exclusive Acquire that is refused stores a
+// writer intent on the resource, and from then on new shared acquisitions are
+// refused (they wait), while the readers already inside finish. The writer
+// gets in as soon as they leave, and clears its intent when granted or when
+// it gives up. The intent lasts three poll intervals and is refreshed at
+// every attempt, so a writer that dies while waiting blocks readers only
+// briefly. TryAcquire never registers an intent. The cost of the policy:
+// readers can be kept waiting by a stream of writers.
+//
+// # Time is the database's
+//
+// Every expiry is computed in SQL from now(), the start time of the
+// statement's transaction on the server, and compared there; TTLs travel as
+// interval parameters. No client clock reaches a lease decision, so clock
+// skew between application hosts does not matter. The local clock is used in
+// exactly one place, and only to give up early: the trust window of [Do]
+// (below), measured with Go's monotonic clock from before the acquiring
+// statement was sent, which is never later than the server's now().
+//
+// A column lease stores when it was locked, not when it expires, so every
+// process leasing the same column must use the same TTL. The lock-manager
+// table stores expires_at per lease, so TTLs may differ per call.
+//
+// # Choosing the TTL
+//
+// The TTL must be longer than the worst case of the critical section,
+// including every retry and back-off of the external calls, not their median.
+// A TTL that is a little too long only delays recovery after a crash; one that
+// is a little too short lets a second holder in while the first is still
+// working, which is exactly the race the lease exists to prevent. With [Do],
+// renewal makes the TTL a bound on how long a frozen or partitioned holder
+// keeps others out, rather than on the whole operation; pick it above the
+// longest pause you want to tolerate between renewals (GC, network, a slow
+// database), and keep fencing for the pauses beyond it.
+//
+// # Fencing tokens
+//
+// Every acquisition of either form returns a token that is strictly greater
+// than the token of every earlier acquisition of the same resource, across
+// releases, expiries, takeovers and restarts. A lease only promises exclusion
+// while its holder is alive and on time; a holder paused past its TTL can
+// wake up and write after its successor started. A store that remembers the
+// highest token it accepted can refuse such a late write:
+//
+//	UPDATE accounts SET balance = $3, fence_token = $2
+//	WHERE id = $1 AND fence_token <= $2
+//
+// [Fence.Update] runs that statement and reports a stale token as
+// [ErrLeaseLost]. It accepts an equal token, so one holder may write several
+// times; use < in your own SQL if each acquisition may write once.
+//
+// Where the tokens come from: the column form increments the row's fence
+// column in the acquiring UPDATE itself, under the row lock that decides the
+// race, so the counter lives and dies with the row. The lock-manager form
+// increments a per-resource counter row in the companion table, under the
+// lock that serialises acquisitions of that resource; the row is kept when
+// leases are released or swept (never delete it), so tokens never restart.
+// A database sequence would also give increasing numbers, but its values are
+// handed out outside the lock that orders acquisitions, are not transactional,
+// and with CACHE > 1 are not even ordered across sessions; a counter updated
+// under the deciding lock needs no such argument.
+//
+// # The Do helper
+//
+// [Manager.Do], [Manager.TryDo] and [Column.TryDo] acquire, run a callback,
+// and release. While the callback runs, an owned goroutine renews the lease
+// every TTL/3 (configurable). The callback's context is cancelled, with a
+// cause wrapping [ErrLeaseLost] (read it with context.Cause), as soon as a
+// renewal reports the lease lost or its row gone, or when the trust window
+// closes: start of the winning acquisition (or of the last successful
+// renewal) + TTL - margin. Transient renewal errors are retried until then.
+// The callback must stop its external work when its context ends. After the
+// callback returns (or panics), the renewal goroutine is stopped and waited
+// for, and the release runs under context.WithoutCancel with a bounded
+// timeout, so a cancelled caller still releases. Do returns the callback's
+// error joined with the loss (even when the callback returned nil: its work
+// was not protected to the end) and any release error.
+//
+// # Do not map the lock columns in an ORM
+//
+// The column lease's columns must be written only by this package's
+// statements. An ORM that maps them writes every mapped field back on save;
+// an unrelated save of the same entity from stale in-memory state would then
+// silently clear or overwrite a live lease. Leave them out of the entity, as
+// you would a version column you manage by hand.
+//
+// # Advisory locks, leases and idempotency keys
+//
+// PostgreSQL advisory locks (package advisory) are the right tool when the
+// critical section only talks to the database: they need no TTL and vanish
+// with their session or transaction. But a transaction-scoped lock holds its
+// transaction, and a session lock pins one connection, for as long as the
+// lock is held: seconds of HTTP retries per request would exhaust the pool.
+// A lease holds nothing between its two statements, at the price of a TTL to
+// choose and a crash-recovery delay. Optimistic locking (a version column)
+// detects a conflicting write at the end, after the external side effects
+// have happened; it does not prevent the interleaving. Idempotency keys are
+// complementary: they make a retry of the same logical request safe, while a
+// lease keeps two different requests from interleaving; calls to payment or
+// identity providers usually want both. A lease is cooperative (code that
+// ignores it is not stopped) and as strongly consistent as the one database
+// it lives in.
+//
+// # Errors
+//
+// Every error is an [*Error] carrying the operation and resource, wrapping
+// [ErrNotAcquired], [ErrLeaseLost], [ErrNotFound], [ErrInvalid], a context
+// error, or a driver error; a *pgconn.PgError stays in the chain for
+// errors.As. Bad input (empty or oversized resource, TTL <= 0, a renew
+// interval that does not fit in the TTL, invalid identifiers) is reported as
+// [ErrInvalid] before any SQL is sent. Identifiers are always quoted with
+// pgx.Identifier and values always travel as bind parameters.
+//
+// If an acquiring statement fails in a way that leaves its outcome unknown
+// (the connection broke, or the context ended after the statement was sent),
+// the call deletes whatever it may have created, under a fresh context
+// bounded by the configured ReleaseTimeout, before returning the error. If
+// that fails too, the TTL reclaims the lease.
+package lease
