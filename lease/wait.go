@@ -25,8 +25,10 @@ import (
 //
 // ctx governs the whole wait. When it ends, Acquire clears its intent (under a
 // fresh bounded context) and returns an error wrapping both ErrNotAcquired and
-// context.Cause(ctx). An attempt whose outcome is unknown is given back as in
-// TryAcquire. Other errors (ErrInvalid, a database error) end the wait.
+// context.Cause(ctx). An attempt that succeeds as ctx ends still returns the
+// lease: success means held. An attempt whose outcome is unknown is given
+// back as in TryAcquire. Other errors (ErrInvalid, a database error) end the
+// wait.
 func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOptions) (*Lease, error) {
 	req, err := m.newRequest("acquire", resource, opts)
 	if err != nil {

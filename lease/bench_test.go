@@ -1,0 +1,173 @@
+package lease_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/lease"
+)
+
+// Benchmarks compare each operation with the same work done by hand with raw
+// pgx in the same run:
+//   - lease: the package's call;
+//   - same-sql: the package's exact statements, sent by hand (what the
+//     package costs on top of its SQL);
+//   - minimal: the smallest SQL a hand-rolled lock would use (what the
+//     package's extra guarantees cost in the database).
+//
+// Run: go test -run '^$' -bench . -benchmem ./lease/
+
+func BenchmarkColumnAcquireRelease(b *testing.B) {
+	pool := pgtest.Pool(b)
+	schema := pgtest.Schema(b, pool)
+	ctx := context.Background()
+	c := usersTable(b, pool, schema, time.Minute, 1)
+	users := pgx.Identifier{schema, "users"}.Sanitize()
+	acquireSQL, _, releaseSQL := c.StatementsForTest()
+
+	b.Run("lease", func(b *testing.B) {
+		for b.Loop() {
+			l, err := c.TryAcquire(ctx, int64(1))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := l.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("same-sql", func(b *testing.B) {
+		const owner = "00000000-0000-4000-8000-000000000000"
+		for b.Loop() {
+			var token *int64
+			var exists, ours bool
+			if err := pool.QueryRow(ctx, acquireSQL, int64(1), owner, time.Minute).Scan(&token, &exists); err != nil || token == nil {
+				b.Fatal(err, token)
+			}
+			if err := pool.QueryRow(ctx, releaseSQL, int64(1), owner).Scan(&ours, &exists); err != nil || !ours {
+				b.Fatal(err, ours)
+			}
+		}
+	})
+	b.Run("minimal", func(b *testing.B) {
+		const owner = "00000000-0000-4000-8000-000000000000"
+		for b.Loop() {
+			tag, err := pool.Exec(ctx, `UPDATE `+users+` SET identity_action_locked_at = now(), identity_action_locked_by = $2
+				WHERE id = $1 AND (identity_action_locked_at IS NULL OR identity_action_locked_at < now() - $3::interval)`,
+				int64(1), owner, time.Minute)
+			if err != nil || tag.RowsAffected() != 1 {
+				b.Fatal(err, tag)
+			}
+			tag, err = pool.Exec(ctx, `UPDATE `+users+` SET identity_action_locked_at = NULL, identity_action_locked_by = NULL
+				WHERE id = $1 AND identity_action_locked_by = $2`, int64(1), owner)
+			if err != nil || tag.RowsAffected() != 1 {
+				b.Fatal(err, tag)
+			}
+		}
+	})
+}
+
+func BenchmarkManagerAcquireRelease(b *testing.B) {
+	pool := pgtest.Pool(b)
+	schema := pgtest.Schema(b, pool)
+	ctx := context.Background()
+	m := newManager(b, pool, schema, lease.ManagerConfig{TTL: time.Minute})
+	lockSQL, acquireSQL, _, releaseSQL := m.StatementsForTest()
+	fowler := pgx.Identifier{schema, "app_lock"}.Sanitize()
+	mustExec(b, pool, "CREATE TABLE "+fowler+" (resource_id text PRIMARY KEY, owner text NOT NULL, expires_at timestamptz NOT NULL)")
+
+	b.Run("lease", func(b *testing.B) {
+		for b.Loop() {
+			l, err := m.TryAcquire(ctx, "r", nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := l.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("same-sql", func(b *testing.B) {
+		const id = "00000000-0000-4000-8000-000000000000"
+		for b.Loop() {
+			var token *int64
+			var acquiredAt, expiresAt *time.Time
+			var retry *float64
+			batch := &pgx.Batch{}
+			batch.Queue(lockSQL, "r")
+			batch.Queue(acquireSQL, "r", "exclusive", id, "bench", time.Minute, nil, nil, 3*time.Second).
+				QueryRow(func(row pgx.Row) error { return row.Scan(&token, &acquiredAt, &expiresAt, &retry) })
+			if err := pool.SendBatch(ctx, batch).Close(); err != nil || token == nil {
+				b.Fatal(err, token)
+			}
+			var n int64
+			if err := pool.QueryRow(ctx, releaseSQL, "r", *token, id, m.Channel()).Scan(&n); err != nil || n != 1 {
+				b.Fatal(err, n)
+			}
+		}
+	})
+	b.Run("minimal", func(b *testing.B) {
+		// The lock table of the pessimistic-offline-lock article: INSERT to
+		// acquire, DELETE to release; no expiry takeover, no fencing, no modes.
+		for b.Loop() {
+			if _, err := pool.Exec(ctx, "INSERT INTO "+fowler+" VALUES ($1, $2, now() + $3::interval)", "r", "bench", time.Minute); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, "DELETE FROM "+fowler+" WHERE resource_id = $1 AND owner = $2", "r", "bench"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+func BenchmarkRenew(b *testing.B) {
+	pool := pgtest.Pool(b)
+	schema := pgtest.Schema(b, pool)
+	ctx := context.Background()
+	c := usersTable(b, pool, schema, time.Hour, 1)
+	m := newManager(b, pool, schema, lease.ManagerConfig{TTL: time.Hour})
+	cl, err := c.TryAcquire(ctx, int64(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ml, err := m.TryAcquire(ctx, "r", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	users := pgx.Identifier{schema, "users"}.Sanitize()
+
+	b.Run("column/lease", func(b *testing.B) {
+		for b.Loop() {
+			if err := cl.Renew(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("column/minimal", func(b *testing.B) {
+		for b.Loop() {
+			tag, err := pool.Exec(ctx, "UPDATE "+users+" SET identity_action_locked_at = now() WHERE id = $1 AND identity_action_locked_by = $2",
+				int64(1), cl.Owner())
+			if err != nil || tag.RowsAffected() != 1 {
+				b.Fatal(err, tag)
+			}
+		}
+	})
+	b.Run("manager/lease", func(b *testing.B) {
+		for b.Loop() {
+			if err := ml.Renew(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.StopTimer()
+	if err := cl.Release(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if err := ml.Release(ctx); err != nil {
+		b.Fatal(err)
+	}
+}

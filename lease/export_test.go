@@ -1,0 +1,12 @@
+package lease
+
+// Test-only access to the statements, so that benchmarks can run the very
+// same SQL by hand and measure what the package adds around it.
+
+func (c *Column) StatementsForTest() (acquire, renew, release string) {
+	return c.acquireSQL, c.renewSQL, c.releaseSQL
+}
+
+func (m *Manager) StatementsForTest() (lockResource, acquire, renew, release string) {
+	return m.q.lockResource, m.q.acquire, m.q.renew, m.q.release
+}
