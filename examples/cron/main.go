@@ -50,6 +50,9 @@ var (
 	setupKey = jobsNS.Key(0) // creating the table
 )
 
+// schema holds the example's table, cron_runs.
+const schema = "pgxlock_example_cron"
+
 func main() {
 	var cfg config
 	flag.IntVar(&cfg.Replicas, "replicas", 3, "replicas to run in this process, as goroutines")
@@ -102,7 +105,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 // replica is one instance of the service: its own pool (its own sessions, as a separate
 // process would have) and its own clock-aligned ticker.
 func replica(ctx context.Context, db *exampledb.DB, name string, cfg config, stopAt time.Time, lg *logger) error {
-	pool, err := db.Pool(ctx, "pgxlock-example-cron-"+name, 2)
+	pool, err := db.Pool(ctx, exampledb.PoolOptions{AppName: "pgxlock-example-cron-" + name, MaxConns: 2, Schema: schema})
 	if err != nil {
 		return err
 	}
@@ -182,7 +185,7 @@ func runJob(ctx context.Context, pool *pgxpool.Pool, name string, tick time.Time
 }
 
 func createTable(ctx context.Context, db *exampledb.DB) error {
-	pool, err := db.Pool(ctx, "pgxlock-example-cron", 1)
+	pool, err := db.Pool(ctx, exampledb.PoolOptions{AppName: "pgxlock-example-cron", MaxConns: 1, Schema: schema})
 	if err != nil {
 		return err
 	}
@@ -207,7 +210,7 @@ func createTable(ctx context.Context, db *exampledb.DB) error {
 // summary prints who ran the ticks of this run, and checks on the database's clock that no
 // two runs overlapped.
 func summary(ctx context.Context, db *exampledb.DB, since time.Time, lg *logger) error {
-	pool, err := db.Pool(ctx, "pgxlock-example-cron", 1)
+	pool, err := db.Pool(ctx, exampledb.PoolOptions{AppName: "pgxlock-example-cron", MaxConns: 1, Schema: schema})
 	if err != nil {
 		return err
 	}

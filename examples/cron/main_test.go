@@ -49,16 +49,25 @@ func TestReplicasInProcess(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, len(ran), 5, "ticks run in 1.5 s at 200 ms")
+	first := ""
+	for tick := range ran {
+		if first == "" || tick < first {
+			first = tick
+		}
+	}
 	for tick, replicas := range ran {
 		assert.Len(t, replicas, 1, "tick %s run by %v", tick, replicas)
-		assert.Equal(t, 2, skipped[tick], "replicas that skipped tick %s", tick)
+		// A replica whose pool connected late may miss the first tick.
+		if tick != first {
+			assert.Equal(t, 2, skipped[tick], "replicas that skipped tick %s", tick)
+		}
 	}
 	assert.Contains(t, out.String(), "overlapping runs: 0")
 
 	conn := extest.Connect(t, url)
 	var rows, unfinished int
 	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE finished_at IS NULL)
-		FROM cron_runs`).Scan(&rows, &unfinished))
+		FROM pgxlock_example_cron.cron_runs`).Scan(&rows, &unfinished))
 	assert.Equal(t, len(ran), rows)
 	assert.Zero(t, unfinished)
 }
@@ -108,7 +117,7 @@ func TestKillRunnerAnotherTakesOver(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var killedFinished *time.Time
-	require.NoError(t, conn.QueryRow(ctx, `SELECT finished_at FROM cron_runs
+	require.NoError(t, conn.QueryRow(ctx, `SELECT finished_at FROM pgxlock_example_cron.cron_runs
 		WHERE replica = $1 ORDER BY tick DESC LIMIT 1`, procs[victim].Name).Scan(&killedFinished))
 	assert.Nil(t, killedFinished, "the killed run never finished")
 }

@@ -39,6 +39,9 @@ var migrations embed.FS
 // well-known lock; other languages derive the same number (see package keys).
 var migrationKey = keys.Hash("pgxlock-example:migrations")
 
+// schema holds the example's tables (schema_migrations and what the migrations create).
+const schema = "pgxlock_example_migrate"
+
 func main() {
 	procs := flag.Int("procs", 4, "copies to start; 1 migrates in this process")
 	name := flag.String("name", fmt.Sprintf("pid %d", os.Getpid()), "label for this copy's log lines")
@@ -95,7 +98,7 @@ func migrate(ctx context.Context, url, name string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	pool, err := db.Pool(ctx, "pgxlock-example-migrate", 2)
+	pool, err := db.Pool(ctx, exampledb.PoolOptions{AppName: "pgxlock-example-migrate", MaxConns: 2, Schema: schema})
 	if err != nil {
 		return err
 	}

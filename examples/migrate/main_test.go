@@ -77,7 +77,7 @@ func checkApplied(t *testing.T, url string) {
 	conn := extest.Connect(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rows, err := conn.Query(ctx, `SELECT version, count(*) FROM schema_migrations GROUP BY version ORDER BY version`)
+	rows, err := conn.Query(ctx, `SELECT version, count(*) FROM pgxlock_example_migrate.schema_migrations GROUP BY version ORDER BY version`)
 	require.NoError(t, err)
 	got := map[string]int{}
 	for rows.Next() {
@@ -90,6 +90,6 @@ func checkApplied(t *testing.T, url string) {
 	assert.Equal(t, map[string]int{"001_create_accounts": 1, "002_seed_accounts": 1, "003_add_accounts_plan": 1}, got)
 
 	var accounts int
-	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM accounts WHERE plan = 'free'`).Scan(&accounts))
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM pgxlock_example_migrate.accounts WHERE plan = 'free'`).Scan(&accounts))
 	assert.Equal(t, 50000, accounts)
 }

@@ -80,7 +80,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 		return res, err
 	}
 	defer db.Close()
-	pool, err := db.Pool(ctx, "pgxlock-example-tenant", int32(cfg.Workers))
+	pool, err := db.Pool(ctx, exampledb.PoolOptions{AppName: "pgxlock-example-tenant", MaxConns: int32(cfg.Workers), Schema: "pgxlock_example_tenant"})
 	if err != nil {
 		return res, err
 	}

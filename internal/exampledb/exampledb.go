@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgxlock/pgxlock/internal/pglaunch"
@@ -78,21 +80,43 @@ func (db *DB) Close() error {
 	return nil
 }
 
-// Pool opens a pool of at most maxConns connections (0: pgxpool's default) whose sessions
-// show appName in pg_stat_activity, and checks that it connects.
-func (db *DB) Pool(ctx context.Context, appName string, maxConns int32) (*pgxpool.Pool, error) {
+// PoolOptions configure [DB.Pool].
+type PoolOptions struct {
+	// AppName is the application_name its sessions show in pg_stat_activity.
+	AppName string
+	// MaxConns caps the pool; 0 means pgxpool's default.
+	MaxConns int32
+	// Schema, if not empty, is created when missing and becomes the sessions'
+	// search_path, so that an example's tables stay out of the way of anything else
+	// in a DATABASE_URL database.
+	Schema string
+	// Configure, if not nil, adjusts the configuration last (a tracer, say).
+	Configure func(*pgxpool.Config)
+}
+
+// Pool opens a pool on the database and checks that it connects.
+func (db *DB) Pool(ctx context.Context, o PoolOptions) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		return nil, fmt.Errorf("parse %s: %w", EnvURL, err)
 	}
-	if appName != "" {
-		cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	if o.AppName != "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = o.AppName
 	}
-	if maxConns > 0 {
-		cfg.MaxConns = maxConns
+	if o.MaxConns > 0 {
+		cfg.MaxConns = o.MaxConns
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
+	if o.Schema != "" {
+		if err := createSchema(ctx, cfg.ConnConfig.Copy(), o.Schema); err != nil {
+			return nil, err
+		}
+		cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{o.Schema}.Sanitize()
+	}
+	if o.Configure != nil {
+		o.Configure(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -103,6 +127,26 @@ func (db *DB) Pool(ctx context.Context, appName string, maxConns int32) (*pgxpoo
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	return pool, nil
+}
+
+// createSchema creates schema if it does not exist. Several processes may do so at once:
+// IF NOT EXISTS does not stop two concurrent creations from colliding in the catalog, so
+// that collision counts as success.
+func createSchema(ctx context.Context, cc *pgx.ConnConfig, schema string) error {
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize())
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P06") {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("create schema %s: %w", schema, err)
+	}
+	return nil
 }
 
 // Main runs an example's body with a context that is cancelled on SIGINT or SIGTERM, so
