@@ -88,6 +88,7 @@ func TestHostileIdentifiersAndValues(t *testing.T) {
 		m1 := newManager(t, p1, schema, cfg)
 		m2 := newManager(t, p2, schema, cfg)
 		require.NoError(t, m1.Migrate(ctx), "idempotent")
+		resources := pgx.Identifier{schema, cfg.Table + "_resources"}.Sanitize()
 		meta := json.RawMessage(`{"note": "'; DROP TABLE x; --", "q": "\"", "u": "☃"}`)
 		for _, r := range hostile {
 			l, err := m1.TryAcquire(ctx, r, &lease.AcquireOptions{Metadata: meta})
@@ -96,12 +97,17 @@ func TestHostileIdentifiersAndValues(t *testing.T) {
 			// poll interval is an hour), whatever the resource name.
 			got := make(chan error, 1)
 			go func() {
-				w, err := m2.Acquire(ctx, r, &lease.AcquireOptions{Mode: lease.Shared, Owner: r})
+				w, err := m2.Acquire(ctx, r, &lease.AcquireOptions{Owner: r})
 				if err == nil {
 					err = w.Release(ctx)
 				}
 				got <- err
 			}()
+			// Release only once the waiter is parked (its writer intent is
+			// stored), so that the wake-up has to come through NOTIFY.
+			require.Eventually(t, func() bool {
+				return queryOne[bool](t, p1, "SELECT writer_intent IS NOT NULL FROM "+resources+" WHERE resource = $1", r)
+			}, 10*time.Second, 5*time.Millisecond)
 			hs, err := m2.List(ctx, &lease.ListOptions{Resource: r})
 			require.NoError(t, err)
 			require.Len(t, hs, 1, "%q", r)
