@@ -6,18 +6,16 @@
 // users.identity_action_locked_at): one committed UPDATE claims it, another releases it,
 // and no database connection or transaction is held while the provider is called. The
 // program runs the same switch four ways against a fake provider (httptest, in process):
-//
-//  1. no lock at all: concurrent switches interleave and corrupt the provider's state;
-//
-//  2. one transaction with SELECT ... FOR UPDATE across the calls (the @Transactional
+//   - no lock at all: concurrent switches interleave and corrupt the provider's state;
+//   - one transaction with SELECT ... FOR UPDATE across the calls (the @Transactional
 //     reflex): consistent, but every switch holds a connection during its HTTP calls;
-//
-//  3. the column lease: 50 concurrent requests, one switch at a time, the others refused
+//   - the column lease: 50 concurrent requests, one switch at a time, the others refused
 //     with 409 Conflict; no connection held during the calls;
+//   - fencing: a holder that stalls past its TTL cannot write over its successor.
 //
-//  4. fencing: a holder that stalls past its TTL cannot write over its successor.
+// Run it with:
 //
-//     go run ./examples/identity
+//	go run ./examples/identity
 package main
 
 import (
