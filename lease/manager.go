@@ -294,11 +294,19 @@ func (m *Manager) attempt(ctx context.Context, req *request) (*Lease, time.Durat
 
 // giveBack deletes the lease row an attempt with an unknown outcome may have
 // created and clears the writer intent it may have registered, under a fresh
-// bounded context, waking waiters if anything went. Best effort: if it fails,
-// the TTL (or the intent's lifetime) is the safety net.
+// bounded context, waking waiters if anything went.
+//
+// It first takes the resource lock, like an acquisition: an abandoned attempt
+// that is still queued for that lock on the server (its client gone, its
+// statements and Sync already received) runs and commits before the
+// give-back looks, instead of after it. Best effort: if it fails, or the
+// abandoned attempt reaches the server later still, the TTL (or the intent's
+// lifetime) is the safety net.
 func (m *Manager) giveBack(ctx context.Context, req *request, intent string) {
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.releaseTimeout)
 	defer cancel()
-	var n int64
-	_ = m.pool.QueryRow(gctx, m.q.giveBack, req.resource, req.leaseID, intent, m.channel).Scan(&n)
+	b := &pgx.Batch{}
+	b.Queue(m.q.lockResource, req.resource)
+	b.Queue(m.q.giveBack, req.resource, req.leaseID, intent, m.channel)
+	_ = m.pool.SendBatch(gctx, b).Close()
 }
