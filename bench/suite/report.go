@@ -1,0 +1,241 @@
+package suite
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Target is one of issue 7's targets, evaluated on this run.
+type Target struct {
+	Name string `json:"name"`
+	Want string `json:"want"`
+	Got  string `json:"got"`
+	Met  string `json:"met"` // "yes", "no", or "n/a" (not measured / a judgement)
+}
+
+func yesNo(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "no"
+}
+
+func findUC(res *Results, group, row string) *UncontendedResult {
+	for _, r := range res.Uncontended {
+		if r.Group == group && r.Row == row && r.Unavailable == "" && r.Ops > 0 {
+			return r
+		}
+	}
+	return nil
+}
+
+func findCT(res *Results, section string, cfg ContentionConfig, row string) *ContentionResult {
+	for _, r := range res.Contention {
+		if r.Section == section && r.Config == cfg && r.Row == row && r.Unavailable == "" {
+			return r
+		}
+	}
+	return nil
+}
+
+func evaluateTargets(res *Results) []Target {
+	var out []Target
+	add := func(name, want, got string, met string) {
+		out = append(out, Target{Name: name, Want: want, Got: got, Met: met})
+	}
+	if r := findUC(res, "session lock+unlock", pgxlockWithLock.Name); r != nil {
+		add("session helper vs raw lock+unlock (mean)", "<= 1.05x", fmt.Sprintf("%.3fx", r.MeanRatio), yesNo(r.MeanRatio <= 1.05))
+		add("session helper vs raw lock+unlock (p99)", "<= 1.10x", fmt.Sprintf("%.3fx", r.P99Ratio), yesNo(r.P99Ratio <= 1.10))
+	}
+	if r := findUC(res, "xact helper", pgxlockWithXactLock.Name); r != nil {
+		add("xact helper vs raw pipelined [BEGIN+lock]; COMMIT (mean)", "<= 1.05x", fmt.Sprintf("%.3fx", r.MeanRatio), yesNo(r.MeanRatio <= 1.05))
+	}
+	for _, g := range []struct{ group, row string }{
+		{"multi-key session (10 keys)", pgxlockWithLockAll.Name + " (10 keys)"},
+		{"multi-key xact (10 keys)", pgxlockWithXactLockAll.Name + " (10 keys)"},
+	} {
+		if r := findUC(res, g.group, g.row); r != nil {
+			add(g.group+": 10 keys vs 1 key (mean)", "<= 1.10x", fmt.Sprintf("%.3fx", r.MeanRatio), yesNo(r.MeanRatio <= 1.10))
+		}
+	}
+	for _, pool := range []int{10, 50} {
+		for _, g := range []int{8, 32, 64} {
+			cfg := ContentionConfig{Keys: 1, Goroutines: g, Pool: pool}
+			if r := findCT(res, "contention", cfg, pgxlockWithLock.Name); r != nil {
+				add(fmt.Sprintf("one key, no work, %d goroutines, pool %d: throughput vs raw", g, pool), ">= 0.95x",
+					fmt.Sprintf("%.3fx", r.Ratio), yesNo(r.Ratio >= 0.95))
+				add(fmt.Sprintf("one key, no work, %d goroutines, pool %d: hand-off p50", g, pool), "<= 20 us",
+					fmtUS(r.Handoff.P50), yesNo(r.Handoff.N > 0 && r.Handoff.P50 <= 20))
+			}
+		}
+	}
+	fair := ContentionConfig{Keys: 1, Goroutines: 32, Pool: 50, Work: time.Millisecond}
+	if r := findCT(res, "fairness", fair, pgxlockWithLock.Name); r != nil {
+		add("one key, 1 ms work, 32 goroutines: throughput vs raw", ">= 0.95x", fmt.Sprintf("%.3fx", r.Ratio), yesNo(r.Ratio >= 0.95))
+		add("one key, 1 ms work, 32 goroutines: per-goroutine min/max", ">= 0.95", fmt.Sprintf("%.3f (%d/%d)", r.PerGoroutine.MinMax, r.PerGoroutine.Min, r.PerGoroutine.Max), yesNo(r.PerGoroutine.MinMax >= 0.95))
+	}
+	for _, p := range [][2]string{
+		{"session lock+unlock", pgxlockWithLock.Name + "|" + rawLockUnlock.Name},
+		{"xact helper", pgxlockWithXactLock.Name + "|" + rawXactPipelined.Name},
+		{"try+unlock", pgxlockTryWithLock.Name + "|" + rawTryUnlock.Name},
+	} {
+		a, b, _ := strings.Cut(p[1], "|")
+		ra, rb := findUC(res, p[0], a), findUC(res, p[0], b)
+		if ra != nil && rb != nil {
+			add(p[0]+": allocations per call vs raw", "raw + a small constant",
+				fmt.Sprintf("%.0f vs %.0f (+%.0f; %.0f B vs %.0f B)", ra.AllocsPerOp, rb.AllocsPerOp, ra.AllocsPerOp-rb.AllocsPerOp, ra.BytesPerOp, rb.BytesPerOp), "n/a")
+		}
+	}
+	for _, r := range res.Unrelated {
+		if r.Impl == "pgxlock" {
+			add("unrelated queries, "+r.Scenario, ">= 0.90x baseline", fmt.Sprintf("%.3fx", r.Ratio), yesNo(r.Ratio >= 0.90))
+		}
+	}
+	return out
+}
+
+func fmtUS(us float64) string {
+	switch {
+	case us == 0:
+		return "-"
+	case us >= 10000:
+		return fmt.Sprintf("%.1f ms", us/1000)
+	case us >= 100:
+		return fmt.Sprintf("%.0f µs", us)
+	default:
+		return fmt.Sprintf("%.1f µs", us)
+	}
+}
+
+func fmtX(x float64) string {
+	if x == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", x)
+}
+
+// Markdown renders the results as tables.
+func Markdown(res *Results) string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	m := res.Meta
+	p("# pgxlock benchmark results\n\n")
+	p("- command: `%s`%s\n", m.Command, map[bool]string{true: " (quick mode: smoke numbers only)", false: ""}[m.Quick])
+	p("- started %s, finished %s\n", m.Started.Format(time.RFC3339), m.Finished.Format(time.RFC3339))
+	p("- machine: %d CPUs (%s), %s memory, kernel %s\n", m.NumCPU, m.CPUModel, m.MemTotal, m.Kernel)
+	p("- Go %s; %s\n", m.GoVersion, m.Postgres)
+	p("- PostgreSQL settings: %s\n", m.PGSettings)
+	p("- Redis %s; etcd %s\n", orDash(m.Redis), orDash(m.Etcd))
+	mods := make([]string, 0, len(m.Modules))
+	for k, v := range m.Modules {
+		mods = append(mods, k+" "+v)
+	}
+	sort.Strings(mods)
+	p("- modules: %s\n", strings.Join(mods, ", "))
+	p("- polling peers retry every %s\n", m.Poll)
+	keys := make([]string, 0, len(m.Params))
+	for k := range m.Params {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		p("- %s: %s\n", k, m.Params[k])
+	}
+	for k, v := range m.Unavailable {
+		p("- **%s unavailable**: %s\n", k, v)
+	}
+
+	if len(res.Targets) > 0 {
+		p("\n## Targets (issue 7)\n\n| target | want | got | met |\n|---|---|---|---|\n")
+		for _, t := range res.Targets {
+			p("| %s | %s | %s | %s |\n", t.Name, t.Want, t.Got, t.Met)
+		}
+	}
+
+	if len(res.Uncontended) > 0 {
+		p("\n## Uncontended: one goroutine, acquire + empty critical section + release\n")
+		group := ""
+		for _, r := range res.Uncontended {
+			if r.Group != group {
+				group = r.Group
+				p("\n### %s (ratios against %s)\n\n", group, r.Baseline)
+				p("| contender | calls/s | mean | p50 | p99 | x mean | x p99 | round trips | allocs | bytes | errors |\n")
+				p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+			}
+			if r.Unavailable != "" {
+				p("| %s | unavailable: %s |||||||||\n", r.Row, oneLine(r.Unavailable))
+				continue
+			}
+			p("| %s | %.0f | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %d |\n", r.Row, r.OpsPerSec, fmtUS(r.Lat.Mean), fmtUS(r.Lat.P50),
+				fmtUS(r.Lat.P99), fmtX(r.MeanRatio), fmtX(r.P99Ratio), r.RTPerOp, r.AllocsPerOp, r.BytesPerOp, r.Errors)
+		}
+	}
+
+	var ct, fair []*ContentionResult
+	for _, r := range res.Contention {
+		if r.Section == "fairness" {
+			fair = append(fair, r)
+		} else {
+			ct = append(ct, r)
+		}
+	}
+	if len(ct) > 0 {
+		p("\n## Contention: G goroutines loop lock, no work, unlock; one key or a random one of 16\n\n")
+		p("Hand-off: end of the previous holder's critical section to the start of the next waiter's. x raw: throughput against raw pgx at the same point.\n")
+		cfg := ContentionConfig{Keys: -1}
+		for _, r := range ct {
+			if r.Config != cfg {
+				cfg = r.Config
+				p("\n### %s\n\n", cfg)
+				p("| contender | acq/s | x raw | wait p50 | wait p99 | hand-off p50 | hand-off p99 | per-goroutine min/med/max | errors | violations |\n")
+				p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+			}
+			if r.Unavailable != "" {
+				p("| %s | unavailable: %s |||||||||\n", r.Row, oneLine(r.Unavailable))
+				continue
+			}
+			p("| %s | %.0f | %s | %s | %s | %s | %s | %d/%.0f/%d | %d | %d |\n", r.Row, r.PerSec, fmtX(r.Ratio), fmtUS(r.Wait.P50), fmtUS(r.Wait.P99),
+				fmtUS(r.Handoff.P50), fmtUS(r.Handoff.P99), r.PerGoroutine.Min, r.PerGoroutine.Median, r.PerGoroutine.Max, r.Errors, r.Violations)
+		}
+	}
+	if len(fair) > 0 {
+		p("\n## Fairness: %s\n\n", fair[0].Config)
+		p("| contender | acq/s | x raw | min | median | max | min/max | Jain | hand-off p50 | hand-off p99 | wait p99 | errors | violations |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, r := range fair {
+			if r.Unavailable != "" {
+				p("| %s | unavailable: %s ||||||||||||\n", r.Row, oneLine(r.Unavailable))
+				continue
+			}
+			s := r.PerGoroutine
+			p("| %s | %.0f | %s | %d | %.0f | %d | %.3f | %.3f | %s | %s | %s | %d | %d |\n", r.Row, r.PerSec, fmtX(r.Ratio), s.Min, s.Median, s.Max,
+				s.MinMax, s.Jain, fmtUS(r.Handoff.P50), fmtUS(r.Handoff.P99), fmtUS(r.Wait.P99), r.Errors, r.Violations)
+		}
+	}
+	if len(res.Unrelated) > 0 {
+		p("\n## Unrelated queries: `SELECT 1` from %d goroutines through a pool of %d, while %d goroutines use a lock through the same pool\n\n", unrelatedQueries, unrelatedPool, unrelatedLockers)
+		p("| scenario | queries/s | x baseline | query p50 | query p99 | lock acquisitions | errors |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		for _, r := range res.Unrelated {
+			p("| %s | %.0f | %s | %s | %s | %d | %d |\n", r.Scenario, r.QPS, fmtX(r.Ratio), fmtUS(r.Lat.P50), fmtUS(r.Lat.P99), r.LockAcq, r.Errors)
+		}
+	}
+	return b.String()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	s = strings.ReplaceAll(s, "|", "/")
+	if len(s) > 160 {
+		s = s[:160] + "..."
+	}
+	return s
+}
