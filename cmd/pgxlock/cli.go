@@ -1,0 +1,289 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Exit codes. The command's own status is passed through by `run`; these are
+// pgxlock's, returned only when it did not run the command (or, for
+// exitLockLost, when the lock went away while the command ran).
+const (
+	exitOK          = 0
+	exitError       = 1   // unexpected failure (writing output, ...)
+	exitUsage       = 64  // EX_USAGE: bad command line
+	exitUnavailable = 69  // EX_UNAVAILABLE: cannot connect, or the database refused a query or a lock
+	exitLockLost    = 70  // EX_SOFTWARE: run: the lock was lost while the command ran
+	exitBusy        = 75  // EX_TEMPFAIL: run --try: the key is held by someone else
+	exitTimeout     = 124 // run --wait: the wait timed out (as timeout(1))
+	exitCannotExec  = 126 // run: the command was found but could not be started
+	exitNotFound    = 127 // run: the command was not found
+	exitSignalBase  = 128 // +N: killed by (or, before the command started, interrupted by) signal N
+)
+
+// appName is the application_name of every connection the CLI opens, so that
+// `pgxlock locks` and pg_stat_activity show which backends are the CLI's.
+const appName = "pgxlock-cli"
+
+// connectTimeout bounds a connection attempt when the connection settings
+// do not set connect_timeout.
+const connectTimeout = 10 * time.Second
+
+// stdio are the streams of one invocation. In is given to the command that
+// `run` starts; Out and Err are pgxlock's own output (and the command's).
+type stdio struct {
+	In       io.Reader
+	Out, Err io.Writer
+}
+
+// env is the environment of one invocation, as os.Environ returns it.
+type env []string
+
+// get returns the value of the last NAME=value entry for name, or "".
+func (e env) get(name string) string {
+	v := ""
+	for _, kv := range e {
+		if k, val, ok := strings.Cut(kv, "="); ok && k == name {
+			v = val
+		}
+	}
+	return v
+}
+
+// run is the whole program: it dispatches to a subcommand and returns the
+// process exit status. main passes os.Args[1:], the standard streams and
+// os.Environ; tests pass their own.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, environ []string) int {
+	s := stdio{In: stdin, Out: stdout, Err: stderr}
+	e := env(environ)
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "locks":
+		return cmdLocks(ctx, rest, s, e)
+	case "run":
+		return cmdRun(ctx, rest, s, e)
+	case "leases":
+		return cmdLeases(ctx, rest, s, e)
+	case "version", "--version":
+		return cmdVersion(s)
+	case "help", "-h", "-help", "--help":
+		return cmdHelp(rest, s)
+	default:
+		fmt.Fprintf(stderr, "pgxlock: unknown command %q\n\n%s", cmd, usage)
+		return exitUsage
+	}
+}
+
+// usage is `pgxlock help`. Keep it in step with doc.go.
+const usage = `pgxlock: inspect PostgreSQL advisory locks and leases, and run a command under a lock.
+
+Usage:
+  pgxlock locks  [--key K]... [--watch [--interval 1s]] [--json] [--show-query] [--ns NAME=ID]...
+  pgxlock run    --key K [--try | --wait DURATION] [--shared] [--heartbeat 5s] [--grace 10s]
+                 [--foreground] [-v] [--ns NAME=ID]... -- COMMAND [ARGS...]
+  pgxlock leases [--table [SCHEMA.]TABLE] [--resource R] [--owner O] [--json]
+  pgxlock version
+  pgxlock help [COMMAND]
+
+Connection: DATABASE_URL (URL or key=value string), else the libpq variables
+PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSWORD, PGSSLMODE, ... (as psql).
+Connections use application_name "pgxlock-cli".
+
+Key syntax (K):
+  123                  one bigint key: pg_advisory_lock(123)
+  7,42                 two int4 keys: pg_advisory_lock(7, 42)
+  int64:123            the same as 123 (the form "pgxlock locks" prints)
+  pair:7,42            the same as 7,42
+  ns:billing(7)/42     pair (7, 42), as printed for a registered namespace
+  ns:billing/42        pair (7, 42) when billing=7 is given with --ns or PGXLOCK_NAMESPACES
+  ns:billing/hash:S    keys.Namespace.Hash(S) in namespace billing (id from --ns, or billing(7))
+  hash:S               keys.Hash(S) of exactly S (S may look like any of the above)
+  anything else        keys.Hash(K): the first 8 bytes of SHA-256(K), big-endian signed,
+                       as other languages compute it (see package keys)
+  A number that does not fit its type (e.g. 99999999999999999999, or 7,3000000000)
+  is an error, not a string to hash; write hash:... to hash it.
+Namespaces: --ns NAME=ID (repeatable) or PGXLOCK_NAMESPACES="billing=7,jobs=8"
+name the first number of pair keys in output and in key syntax.
+
+Exit codes:
+  0    success; for run: the command's own status is returned
+  1    unexpected error
+  64   usage error
+  69   cannot connect to the database, or it refused a query or the lock
+  70   run: the lock was lost while the command ran (the command was sent SIGTERM,
+       then SIGKILL after --grace)
+  75   run --try: the key is held by another session
+  124  run --wait: the wait timed out
+  126  run: the command could not be started
+  127  run: the command was not found
+  128+N  run: the command was killed by signal N, or pgxlock got signal N while
+       waiting for the lock (the command did not run)
+
+Run "pgxlock help COMMAND" for the flags of a command.
+`
+
+func cmdHelp(args []string, s stdio) int {
+	if len(args) == 0 {
+		fmt.Fprint(s.Out, usage)
+		return exitOK
+	}
+	switch args[0] {
+	case "locks", "run", "leases":
+		// A subcommand's own -h prints its flags and returns exitOK.
+		// Help asked for is output, so it goes to stdout.
+		return run(context.Background(), []string{args[0], "-h"}, s.In, s.Out, s.Out, nil)
+	case "version", "help":
+		fmt.Fprint(s.Out, usage)
+		return exitOK
+	default:
+		fmt.Fprintf(s.Err, "pgxlock: unknown command %q\n", args[0])
+		return exitUsage
+	}
+}
+
+// newFlagSet returns a FlagSet for a subcommand that reports errors instead
+// of exiting, and prints its usage (synopsis, then flags) to w.
+func newFlagSet(name, synopsis string, w io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(w)
+	fs.Usage = func() {
+		fmt.Fprintf(w, "Usage: %s\n\nFlags (-flag and --flag are the same):\n", synopsis)
+		fs.PrintDefaults()
+		fmt.Fprint(w, "\nSee \"pgxlock help\" for the key syntax, the connection settings and the exit codes.\n")
+	}
+	return fs
+}
+
+// parseFlags parses args with fs. It returns (exit status, false) when the
+// caller must return at once: exitOK after -h, exitUsage after a bad flag
+// (the flag package has printed why).
+func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
+	switch err := fs.Parse(args); {
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK, false
+	case err != nil:
+		return exitUsage, false
+	}
+	return 0, true
+}
+
+// usageError prints a usage message for a subcommand and returns exitUsage.
+func usageError(s stdio, name, format string, a ...any) int {
+	fmt.Fprintf(s.Err, "pgxlock %s: %s\n(run \"pgxlock help %s\" for usage)\n", name, fmt.Sprintf(format, a...), name)
+	return exitUsage
+}
+
+// pgEnvSettings maps libpq environment variables to pgx connection settings,
+// as pgconn.ParseConfig reads them from the process environment.
+var pgEnvSettings = []struct{ env, setting string }{
+	{"PGHOST", "host"},
+	{"PGPORT", "port"},
+	{"PGDATABASE", "database"},
+	{"PGUSER", "user"},
+	{"PGPASSWORD", "password"},
+	{"PGPASSFILE", "passfile"},
+	{"PGAPPNAME", "application_name"},
+	{"PGCONNECT_TIMEOUT", "connect_timeout"},
+	{"PGSSLMODE", "sslmode"},
+	{"PGSSLKEY", "sslkey"},
+	{"PGSSLCERT", "sslcert"},
+	{"PGSSLCERTMODE", "sslcertmode"},
+	{"PGSSLSNI", "sslsni"},
+	{"PGSSLROOTCERT", "sslrootcert"},
+	{"PGSSLPASSWORD", "sslpassword"},
+	{"PGSSLNEGOTIATION", "sslnegotiation"},
+	{"PGTARGETSESSIONATTRS", "target_session_attrs"},
+	{"PGSERVICE", "service"},
+	{"PGSERVICEFILE", "servicefile"},
+	{"PGTZ", "timezone"},
+	{"PGOPTIONS", "options"},
+	{"PGMINPROTOCOLVERSION", "min_protocol_version"},
+	{"PGMAXPROTOCOLVERSION", "max_protocol_version"},
+	{"PGCHANNELBINDING", "channel_binding"},
+	{"PGREQUIREAUTH", "require_auth"},
+}
+
+// connString returns the connection string of an invocation: DATABASE_URL if
+// set, else a key=value string built from the PG* variables of e. For the
+// real process (e is os.Environ) the latter is what pgx.ParseConfig("") would
+// read itself; building it from e lets tests inject the variables.
+func connString(e env) string {
+	if u := e.get("DATABASE_URL"); u != "" {
+		return u
+	}
+	var b strings.Builder
+	for _, m := range pgEnvSettings {
+		v := e.get(m.env)
+		if v == "" {
+			continue
+		}
+		// key='value' with \ and ' escaped: the libpq key/value syntax.
+		v = strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v)
+		fmt.Fprintf(&b, "%s='%s' ", m.setting, v)
+	}
+	return strings.TrimSpace(b.String())
+}
+
+// connConfig parses the invocation's connection settings and sets the CLI's
+// application_name (whatever the settings say, so that operators can always
+// tell the CLI's backends apart) and a connect timeout if none is set.
+func connConfig(e env) (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(connString(e))
+	if err != nil {
+		// pgconn's parse errors can quote the connection string, password
+		// included; say where the settings came from instead.
+		src := "the PG* environment variables"
+		if e.get("DATABASE_URL") != "" {
+			src = "DATABASE_URL"
+		}
+		return nil, fmt.Errorf("cannot parse the connection settings in %s (not shown: they may hold a password)", src)
+	}
+	cfg.RuntimeParams["application_name"] = appName
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = connectTimeout
+	}
+	return cfg, nil
+}
+
+// connect opens one connection for the read-only subcommands.
+func connect(ctx context.Context, e env) (*pgx.Conn, error) {
+	cfg, err := connConfig(e)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return conn, nil
+}
+
+// closeConn closes conn under a short bound of its own: the caller's context
+// may have ended already (SIGINT during --watch).
+func closeConn(ctx context.Context, conn *pgx.Conn) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	_ = conn.Close(cctx)
+}
+
+// isTerminal reports whether w is a character device (a terminal), where
+// --watch clears the screen between frames.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgxlock/pgxlock/lease"
+)
+
+const leasesSynopsis = "pgxlock leases [--table [SCHEMA.]TABLE] [--resource R] [--owner O] [--json]"
+
+func cmdLeases(ctx context.Context, args []string, s stdio, e env) int {
+	var (
+		table, resource, owner string
+		asJSON                 bool
+	)
+	fs := newFlagSet("leases", leasesSynopsis, s.Err)
+	fs.StringVar(&table, "table", lease.DefaultTable, "the lock-manager table, `[SCHEMA.]TABLE` (no schema: the search_path decides)")
+	fs.StringVar(&resource, "resource", "", "show only this resource")
+	fs.StringVar(&owner, "owner", "", "show only leases with this owner label")
+	fs.BoolVar(&asJSON, "json", false, "print JSON")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	if fs.NArg() > 0 {
+		return usageError(s, "leases", "unexpected argument %q", fs.Arg(0))
+	}
+	schema, name, ok := splitTable(table)
+	if !ok {
+		return usageError(s, "leases", "--table %q: want TABLE or SCHEMA.TABLE", table)
+	}
+
+	cfg, err := connConfig(e)
+	if err != nil {
+		fmt.Fprintf(s.Err, "pgxlock leases: %v\n", err)
+		return exitUnavailable
+	}
+	pcfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		fmt.Fprintf(s.Err, "pgxlock leases: %v\n", err)
+		return exitError
+	}
+	pcfg.ConnConfig = cfg
+	pcfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		fmt.Fprintf(s.Err, "pgxlock leases: %v\n", err)
+		return exitUnavailable
+	}
+	defer pool.Close()
+	// The TTL is required by NewManager but unused by List.
+	m, err := lease.NewManager(pool, lease.ManagerConfig{Schema: schema, Table: name, TTL: time.Minute})
+	if err != nil {
+		return usageError(s, "leases", "--table %q: %v", table, err)
+	}
+	holders, err := m.List(ctx, &lease.ListOptions{Resource: resource, Owner: owner, IncludeExpired: true})
+	if err != nil {
+		fmt.Fprintf(s.Err, "pgxlock leases: %v%s\n", err, missingTableHint(err, table))
+		return exitUnavailable
+	}
+	var now time.Time
+	if err := pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&now); err != nil {
+		fmt.Fprintf(s.Err, "pgxlock leases: read the server clock: %v\n", err)
+		return exitUnavailable
+	}
+	if asJSON {
+		err = writeLeasesJSON(s.Out, table, now, holders)
+	} else {
+		err = writeLeasesText(s.Out, now, holders)
+	}
+	if err != nil {
+		fmt.Fprintf(s.Err, "pgxlock leases: %v\n", err)
+		return exitError
+	}
+	return exitOK
+}
+
+// splitTable splits "schema.table" at its first dot; a name without a dot
+// has no schema. Quoted identifiers holding dots are not supported.
+func splitTable(s string) (schema, table string, ok bool) {
+	if s == "" {
+		return "", "", false
+	}
+	schema, table, found := strings.Cut(s, ".")
+	if !found {
+		return "", s, true
+	}
+	if schema == "" || table == "" || strings.Contains(table, ".") {
+		return "", "", false
+	}
+	return schema, table, true
+}
+
+func missingTableHint(err error, table string) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+		return fmt.Sprintf("\n(no lease table %q here: pass --table [SCHEMA.]TABLE as in lease.ManagerConfig, or create it with lease.Manager.Migrate)", table)
+	}
+	return ""
+}
+
+// leasesFootnote explains the STATE column.
+const leasesFootnote = `STATE: live, or expired (past expires_at by the server's clock and not yet removed; the next
+acquirer or a sweep removes it, and it blocks nobody).`
+
+func writeLeasesText(w io.Writer, now time.Time, holders []lease.Holder) error {
+	if len(holders) == 0 {
+		_, err := fmt.Fprintln(w, "no leases")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RESOURCE\tMODE\tSTATE\tTOKEN\tOWNER\tACQUIRED\tEXPIRES")
+	for _, h := range holders {
+		state := "live"
+		if h.Expired {
+			state = "expired"
+		}
+		expires := "in " + fmtDuration(h.ExpiresAt.Sub(now))
+		if d := now.Sub(h.ExpiresAt); d >= 0 || h.Expired {
+			expires = fmtDuration(nonNegative(d)) + " ago"
+		}
+		fmt.Fprintln(tw, strings.Join([]string{
+			quoteCell(h.Resource, 60), h.Mode.String(), state, strconv.FormatInt(h.Token, 10),
+			quoteCell(h.Owner, 40), fmtDuration(nonNegative(now.Sub(h.AcquiredAt))) + " ago", expires,
+		}, "\t"))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w, leasesFootnote)
+	return err
+}
+
+// quoteCell shows a user-chosen name in one table cell: as is when it is
+// plain, quoted (Go syntax) when it holds spaces or control characters, cut
+// to limit runes.
+func quoteCell(s string, limit int) string {
+	if s == "" || strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f || r == '"' }) {
+		s = strconv.Quote(s)
+	}
+	if r := []rune(s); len(r) > limit {
+		s = string(r[:limit-3]) + "..."
+	}
+	return s
+}
+
+// leasesJSON is the --json document of `leases`; its field names are part
+// of the CLI's interface (documented in doc.go).
+type leasesJSON struct {
+	At     time.Time   `json:"at"`    // server clock when listed
+	Table  string      `json:"table"` // as given to --table
+	Leases []leaseJSON `json:"leases"`
+}
+
+type leaseJSON struct {
+	Resource         string          `json:"resource"`
+	Mode             string          `json:"mode"` // "exclusive" or "shared"
+	Owner            string          `json:"owner"`
+	Token            int64           `json:"token"` // fencing token
+	AcquiredAt       time.Time       `json:"acquired_at"`
+	ExpiresAt        time.Time       `json:"expires_at"`
+	Expired          bool            `json:"expired"`
+	ExpiresInSeconds float64         `json:"expires_in_seconds"` // negative once expired
+	Metadata         json.RawMessage `json:"metadata"`           // as stored; null if none
+}
+
+func writeLeasesJSON(w io.Writer, table string, now time.Time, holders []lease.Holder) error {
+	doc := leasesJSON{At: now, Table: table, Leases: []leaseJSON{}}
+	for _, h := range holders {
+		meta := h.Metadata
+		if meta == nil {
+			meta = json.RawMessage("null")
+		}
+		doc.Leases = append(doc.Leases, leaseJSON{
+			Resource: h.Resource, Mode: h.Mode.String(), Owner: h.Owner, Token: h.Token,
+			AcquiredAt: h.AcquiredAt, ExpiresAt: h.ExpiresAt, Expired: h.Expired,
+			ExpiresInSeconds: float64(h.ExpiresAt.Sub(now).Milliseconds()) / 1000,
+			Metadata:         meta,
+		})
+	}
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(doc)
+}

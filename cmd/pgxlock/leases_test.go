@@ -1,0 +1,76 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/lease"
+)
+
+// `leases` lists live and expired leases of a lock-manager table.
+func TestLeasesListsLiveAndExpired(t *testing.T) {
+	pool := pgtest.Pool(t)
+	schema := pgtest.Schema(t, pool)
+	m, err := lease.NewManager(pool, lease.ManagerConfig{Schema: schema, TTL: time.Minute, Owner: "test-owner"})
+	require.NoError(t, err)
+	require.NoError(t, m.Migrate(ctxT(t)))
+
+	live, err := m.TryAcquire(ctxT(t), "jobs/nightly report", &lease.AcquireOptions{Metadata: json.RawMessage(`{"host":"a"}`)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = live.Release(ctxT(t)) })
+	_, err = m.TryAcquire(ctxT(t), "jobs/expired", &lease.AcquireOptions{TTL: time.Millisecond, Mode: lease.Shared})
+	require.NoError(t, err)
+	waitFor(t, waitTimeout, "the short lease to expire", func() bool {
+		hs, err := m.List(ctxT(t), &lease.ListOptions{Resource: "jobs/expired", IncludeExpired: true})
+		require.NoError(t, err)
+		return len(hs) == 1 && hs[0].Expired
+	})
+
+	table := schema + "." + lease.DefaultTable
+	code, out, stderr := runCLI(t, nil, "leases", "--table", table, "--json")
+	require.Equal(t, 0, code, stderr)
+	var doc leasesJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &doc), out)
+	assert.Equal(t, table, doc.Table)
+	require.Len(t, doc.Leases, 2, out)
+	byRes := map[string]leaseJSON{}
+	for _, l := range doc.Leases {
+		byRes[l.Resource] = l
+	}
+	l := byRes["jobs/nightly report"]
+	assert.False(t, l.Expired)
+	assert.Equal(t, "exclusive", l.Mode)
+	assert.Equal(t, "test-owner", l.Owner)
+	assert.Equal(t, live.Token(), l.Token)
+	assert.Greater(t, l.ExpiresInSeconds, 0.0)
+	assert.JSONEq(t, `{"host":"a"}`, string(l.Metadata))
+	x := byRes["jobs/expired"]
+	assert.True(t, x.Expired)
+	assert.Equal(t, "shared", x.Mode)
+	assert.LessOrEqual(t, x.ExpiresInSeconds, 0.0)
+	assert.Equal(t, "null", string(x.Metadata))
+
+	code, out, stderr = runCLI(t, nil, "leases", "--table", table)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, out, "RESOURCE")
+	assert.Regexp(t, `"jobs/nightly report"\s+exclusive\s+live\s`, out)
+	assert.Regexp(t, `jobs/expired\s+shared\s+expired\s`, out)
+
+	code, out, stderr = runCLI(t, nil, "leases", "--table", table, "--resource", "jobs/expired")
+	require.Equal(t, 0, code, stderr)
+	assert.NotContains(t, out, "nightly")
+}
+
+func TestLeasesMissingTable(t *testing.T) {
+	pool := pgtest.Pool(t)
+	schema := pgtest.Schema(t, pool)
+	code, _, stderr := runCLI(t, nil, "leases", "--table", schema+".nosuch")
+	assert.Equal(t, exitUnavailable, code)
+	assert.True(t, strings.Contains(stderr, "lease.Manager.Migrate"), stderr)
+}
