@@ -127,10 +127,6 @@ func replica(ctx context.Context, db *exampledb.DB, name string, cfg config, sto
 		case <-timer.C:
 		}
 		tick := next
-		for !next.After(time.Now()) { // a slow tick skips the ticks it overran
-			next = next.Add(cfg.Every)
-		}
-
 		err := locker.TryHold(ctx, jobKey, nil, func(ctx context.Context) error {
 			return runJob(ctx, pool, name, tick, cfg.JobTime, lg)
 		})
@@ -146,6 +142,9 @@ func replica(ctx context.Context, db *exampledb.DB, name string, cfg config, sto
 		case err != nil:
 			return fmt.Errorf("%s: tick %s: %w", name, lg.label(tick), err)
 		}
+		// The first tick after now: ticks this replica's job overran are left to the
+		// others, not run late.
+		next = time.Now().Truncate(cfg.Every).Add(cfg.Every)
 	}
 	return nil
 }
