@@ -107,7 +107,7 @@ func TestColumnExpiryTakeover(t *testing.T) {
 }
 
 func TestColumnRenewKeepsLease(t *testing.T) {
-	const ttl = 500 * time.Millisecond
+	const ttl = time.Second
 	p1, p2, schema := twoPools(t)
 	ctx := testCtx(t)
 	c1 := usersTable(t, p1, schema, ttl, 1)
@@ -117,8 +117,8 @@ func TestColumnRenewKeepsLease(t *testing.T) {
 
 	l, err := c1.TryAcquire(ctx, int64(1))
 	require.NoError(t, err)
-	// Hold for three TTLs, renewing every TTL/3: nobody else gets in.
-	for deadline := time.Now().Add(3 * ttl); time.Now().Before(deadline); {
+	// Hold for two TTLs, renewing every TTL/3: nobody else gets in.
+	for deadline := time.Now().Add(2 * ttl); time.Now().Before(deadline); {
 		time.Sleep(ttl / 3)
 		require.NoError(t, l.Renew(ctx))
 		_, err := c2.TryAcquire(ctx, int64(1))

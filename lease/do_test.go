@@ -123,14 +123,14 @@ func TestDoTrustWindowCloses(t *testing.T) {
 
 // A callback running for several TTLs keeps its lease through renewals.
 func TestDoRenewsThroughLongCallback(t *testing.T) {
-	const ttl = 300 * time.Millisecond
+	const ttl = 600 * time.Millisecond
 	p1, p2, schema := twoPools(t)
 	ctx := testCtx(t)
 	m1 := newManager(t, p1, schema, lease.ManagerConfig{TTL: ttl})
 	m2 := newManager(t, p2, schema, lease.ManagerConfig{TTL: ttl})
 	err := m1.Do(ctx, "long", nil, func(ctx context.Context, l *lease.Lease) error {
 		first := l.ExpiresAt()
-		for deadline := time.Now().Add(4 * ttl); time.Now().Before(deadline); {
+		for deadline := time.Now().Add(3 * ttl); time.Now().Before(deadline); {
 			time.Sleep(ttl / 4) // working
 			if _, err := m2.TryAcquire(ctx, "long", &lease.AcquireOptions{Mode: lease.Shared}); !errors.Is(err, lease.ErrNotAcquired) {
 				return errors.Join(errors.New("someone else got in"), err)

@@ -165,7 +165,7 @@ func ExampleManager_Do() {
 	pool, schema, done := examplePool()
 	defer done()
 	ctx := context.Background()
-	m, err := lease.NewManager(pool, lease.ManagerConfig{Schema: schema, TTL: 300 * time.Millisecond})
+	m, err := lease.NewManager(pool, lease.ManagerConfig{Schema: schema, TTL: time.Second})
 	if err != nil {
 		panic(err)
 	}
@@ -174,7 +174,7 @@ func ExampleManager_Do() {
 	}
 	err = m.Do(ctx, "nightly-report", nil, func(ctx context.Context, l *lease.Lease) error {
 		select {
-		case <-time.After(time.Second): // longer than the TTL: renewals keep the lease
+		case <-time.After(1500 * time.Millisecond): // longer than the TTL: renewals keep the lease
 			fmt.Println("report done under token", l.Token())
 			return nil
 		case <-ctx.Done():
