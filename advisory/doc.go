@@ -73,8 +73,18 @@
 // with SQLSTATE 55P03 on a healthy connection, which goes back to the pool;
 // the call returns [ErrLockTimeout] (together with
 // context.DeadlineExceeded when the deadline caused it). An explicit
-// cancellation interrupts the wait at once; with pgx's default context
-// handling that closes the connection, which is then destroyed.
+// cancellation sends PostgreSQL a cancel request, which ends the wait
+// server-side at once and keeps the connection; only if the server does not
+// answer within half a second is the socket closed and the connection
+// destroyed. (Closing the socket alone is not enough: a backend waiting for
+// a lock does not read its socket, so it would stay queued in pg_locks
+// until granted. Setting client_connection_check_interval on the server
+// makes such orphaned waiters leave the queue too.)
+//
+// Of the goroutines of one Locker that wait for the same key, only the first
+// waits on the server, pinning a connection; the others queue in process,
+// in arrival order, without one (see Config.MaxConns for a hard cap). The
+// timeout bounds the whole wait, queue included.
 //
 // # Deadlocks
 //

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgxlock/pgxlock/keys"
@@ -184,38 +185,50 @@ func (l *Locker) waitBound(ctx context.Context, opts *Options, try bool) (contex
 }
 
 // waitContext prepares the server-side part of a blocking wait bounded by
-// wctx. It returns the context to run the lock statement under and the
-// lock_timeout to send ("" = leave the server's setting alone).
+// wctx, on the connection pg. It returns the context to run the lock
+// statement under and the lock_timeout to send ("" = leave the server's
+// setting alone).
 //
-// wctx's deadline becomes a server-side lock_timeout, so that a wait that
-// times out ends with 55P03 and keeps its connection. For that, the
-// returned context ignores the deadline for deadlineGrace after it passes
-// (pgx would otherwise close the connection at the deadline), while an
-// explicit cancellation still interrupts the wait at once.
-func (l *Locker) waitContext(wctx context.Context) (context.Context, string, func()) {
-	deadline, ok := wctx.Deadline()
-	if !ok {
-		return wctx, "", func() {}
+// The statement's context is detached from wctx, so that pgx's context
+// handling (which, by default, closes the socket) does not see wctx end
+// first. Instead:
+//
+//   - wctx's deadline becomes a server-side lock_timeout, so that a wait
+//     that times out ends with 55P03 and keeps its connection;
+//   - an explicit cancellation of wctx sends PostgreSQL a cancel request,
+//     which ends the wait server-side with 57014 at once. Merely closing
+//     the socket would leave the backend queued in pg_locks (it does not
+//     read its socket while it waits) until the lock is granted to it;
+//   - if neither answers within deadlineGrace, the statement's context is
+//     cancelled after all and pgx closes the connection.
+func (l *Locker) waitContext(wctx context.Context, pg *pgconn.PgConn) (context.Context, string, func()) {
+	deadline, hasDeadline := wctx.Deadline()
+	if !hasDeadline && wctx.Done() == nil {
+		return wctx, "", func() {} // cannot end: nothing to arrange
 	}
-	timeout := time.Until(deadline)
+	timeout := ""
+	if hasDeadline {
+		timeout = formatTimeout(time.Until(deadline))
+	}
 	qctx, cancel := context.WithCancelCause(context.WithoutCancel(wctx))
 	watched := make(chan struct{})
 	stopWatch := context.AfterFunc(wctx, func() {
 		defer close(watched)
-		if !errors.Is(wctx.Err(), context.DeadlineExceeded) {
-			cancel(wctx.Err())
-			return
-		}
 		t := time.NewTimer(deadlineGrace)
 		defer t.Stop()
+		if !errors.Is(wctx.Err(), context.DeadlineExceeded) {
+			cctx, ccancel := context.WithTimeout(context.Background(), deadlineGrace)
+			_ = pg.CancelRequest(cctx) // best effort: the timer below is the backstop
+			ccancel()
+		}
 		select {
 		case <-t.C:
-			cancel(context.DeadlineExceeded)
+			cancel(context.Cause(wctx))
 		case <-qctx.Done():
 		}
 	})
 	var once sync.Once
-	return qctx, formatTimeout(timeout), func() {
+	return qctx, timeout, func() {
 		once.Do(func() {
 			cancel(context.Canceled)
 			if !stopWatch() {

@@ -166,7 +166,7 @@ func (l *Locker) acquireSessionTraced(ctx context.Context, s *keySet, op string,
 func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySet, op string, shared, try bool) error {
 	qctx, timeout, stop := ctx, "", func() {}
 	if !try {
-		qctx, timeout, stop = l.waitContext(wctx)
+		qctx, timeout, stop = l.waitContext(wctx, c.Conn().PgConn())
 	}
 	defer stop()
 

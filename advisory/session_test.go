@@ -209,7 +209,10 @@ func TestDeadlineBecomesServerTimeoutAndKeepsConnection(t *testing.T) {
 
 func TestCancelWhileWaitingReturnsPromptly(t *testing.T) {
 	ctx := testCtx(t)
-	pool := pgtest.Pool(t)
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	appName := cfg.ConnConfig.RuntimeParams["application_name"]
+	pool := pgtest.NewPool(t, cfg)
 	l := newLocker(t, pool, advisory.Config{})
 	k := key(t)
 	hold(ctx, t, false, k)
@@ -236,6 +239,14 @@ func TestCancelWhileWaitingReturnsPromptly(t *testing.T) {
 				t.Fatal("cancelled wait did not return")
 			}
 			assert.EqualValues(t, 0, pool.Stat().AcquiredConns())
+			// Regression: closing the socket alone leaves the backend queued
+			// in pg_locks until the lock is granted to it. The cancel request
+			// takes it out of the queue at once, and the connection survives.
+			var ghosts int
+			require.NoError(t, p.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+				WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = $1`, appName).Scan(&ghosts))
+			assert.Zero(t, ghosts, "no backend of the pool is left waiting")
+			assert.EqualValues(t, 1, pool.Stat().TotalConns(), "the cancelled wait kept its connection")
 		})
 	}
 }

@@ -83,7 +83,7 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 
 	qctx, timeout, stop := ctx, "", func() {}
 	if !try {
-		qctx, timeout, stop = l.waitContext(wctx)
+		qctx, timeout, stop = l.waitContext(wctx, c.Conn().PgConn())
 	}
 	defer stop()
 
