@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgxlock/pgxlock/advisory"
@@ -73,14 +71,9 @@ func cmdRun(ctx context.Context, args []string, s stdio, e env) int {
 	}
 	pcfg.ConnConfig = cfg
 	pcfg.AfterConnect = checkClientConnection
-	// A signal while waiting for the lock must end the wait on the server
-	// too: pgx's default handler only abandons the socket, and the backend
-	// would go on waiting (see checkClientConnection). A cancel request
-	// stops it at once; the library copes with a lock granted just before
-	// the cancel (it releases it).
-	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 2 * time.Second}
-	}
+	// A signal while waiting for the lock ends the wait on the server too:
+	// the advisory package sends a cancel request when a wait's context is
+	// cancelled. checkClientConnection covers a pgxlock killed outright.
 	// One connection holds the lock; a second one lets a busy or timed-out
 	// run name the holders.
 	pcfg.MaxConns = 2
