@@ -19,7 +19,17 @@ import (
 //   - minimal: the smallest SQL a hand-rolled lock would use (what the
 //     package's extra guarantees cost in the database).
 //
-// Run: go test -run '^$' -bench . -benchmem ./lease/
+// Run: go test -run '^$' -bench . -benchmem -count=6 ./lease/
+//
+// Measured (2 vCPUs shared with other test runs, load average 12-16, so the
+// times swing by 2x between runs; medians of 6, PostgreSQL 15 local, fsync
+// on): column acquire+release 5.6ms lease, 5.6ms same-sql, 3.3ms minimal;
+// manager 4.7ms lease, 7.6ms same-sql, 4.7ms minimal (INSERT/DELETE);
+// renew 2.2ms column, 1.6ms minimal, 2.7ms manager. Each commit waits for a
+// WAL flush, which dominates. The stable figures are the client's:
+// column 1.3 KB/29 allocs vs 1.0 KB/17 for the same SQL by hand, manager
+// 2.9 KB/79 vs 2.3 KB/62. Round trips: column acquire 1, release 1 (as by
+// hand); manager acquire 1 (two statements in one batch), release 1.
 
 func BenchmarkColumnAcquireRelease(b *testing.B) {
 	pool := pgtest.Pool(b)
