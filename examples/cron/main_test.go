@@ -49,16 +49,21 @@ func TestReplicasInProcess(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, len(ran), 5, "ticks run in 1.8 s at 300 ms")
-	first := ""
+	first, last := "", ""
 	for tick := range ran {
 		if first == "" || tick < first {
 			first = tick
 		}
+		if tick > last {
+			last = tick
+		}
 	}
 	for tick, replicas := range ran {
 		assert.Len(t, replicas, 1, "tick %s run by %v", tick, replicas)
-		// A replica whose pool connected late may miss the first tick.
-		if tick != first {
+		// A replica whose pool connected late may miss the first tick, and
+		// one whose timer fires late on a loaded machine may reach the end
+		// of --duration before it reports the last one.
+		if tick != first && tick != last {
 			assert.Equal(t, 2, skipped[tick], "replicas that skipped tick %s", tick)
 		}
 	}
