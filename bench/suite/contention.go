@@ -98,11 +98,12 @@ func (s *Suite) runContention(ctx context.Context) error {
 		if !s.want("contention", cfg.String()) {
 			continue
 		}
-		s.logf("contention: %s", cfg)
+		t0 := time.Now()
 		base := s.env.KeyBase + 100000 + int64(ci*100)
 		if err := s.contend(ctx, "contention", cfg, contentionContenders(), base, p.ctRounds, p.ctSlice, false); err != nil {
 			return err
 		}
+		s.logf("contention: %s (%v)", cfg, time.Since(t0).Round(time.Millisecond))
 	}
 	return nil
 }

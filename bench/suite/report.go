@@ -47,10 +47,12 @@ func evaluateTargets(res *Results) []Target {
 	}
 	if r := findUC(res, "session lock+unlock", pgxlockWithLock.Name); r != nil {
 		add("session helper vs raw lock+unlock (mean)", "<= 1.05x", fmt.Sprintf("%.3fx", r.MeanRatio), yesNo(r.MeanRatio <= 1.05))
+		add("session helper vs raw lock+unlock (p50)", "<= 1.05x", fmt.Sprintf("%.3fx", r.P50Ratio), yesNo(r.P50Ratio <= 1.05))
 		add("session helper vs raw lock+unlock (p99)", "<= 1.10x", fmt.Sprintf("%.3fx", r.P99Ratio), yesNo(r.P99Ratio <= 1.10))
 	}
 	if r := findUC(res, "xact helper", pgxlockWithXactLock.Name); r != nil {
 		add("xact helper vs raw pipelined [BEGIN+lock]; COMMIT (mean)", "<= 1.05x", fmt.Sprintf("%.3fx", r.MeanRatio), yesNo(r.MeanRatio <= 1.05))
+		add("xact helper vs raw pipelined [BEGIN+lock]; COMMIT (p50)", "<= 1.05x", fmt.Sprintf("%.3fx", r.P50Ratio), yesNo(r.P50Ratio <= 1.05))
 	}
 	for _, g := range []struct{ group, row string }{
 		{"multi-key session (10 keys)", pgxlockWithLockAll.Name + " (10 keys)"},
@@ -58,6 +60,7 @@ func evaluateTargets(res *Results) []Target {
 	} {
 		if r := findUC(res, g.group, g.row); r != nil {
 			add(g.group+": 10 keys vs 1 key (mean)", "<= 1.10x", fmt.Sprintf("%.3fx", r.MeanRatio), yesNo(r.MeanRatio <= 1.10))
+			add(g.group+": 10 keys vs 1 key (p50)", "<= 1.10x", fmt.Sprintf("%.3fx", r.P50Ratio), yesNo(r.P50Ratio <= 1.10))
 		}
 	}
 	for _, pool := range []int{10, 50} {
@@ -125,6 +128,7 @@ func Markdown(res *Results) string {
 	p("- command: `%s`%s\n", m.Command, map[bool]string{true: " (quick mode: smoke numbers only)", false: ""}[m.Quick])
 	p("- started %s, finished %s\n", m.Started.Format(time.RFC3339), m.Finished.Format(time.RFC3339))
 	p("- machine: %d CPUs (%s), %s memory, kernel %s\n", m.NumCPU, m.CPUModel, m.MemTotal, m.Kernel)
+	p("- load average before / after: %s / %s\n", orDash(m.LoadBefore), orDash(m.LoadAfter))
 	p("- Go %s; %s\n", m.GoVersion, m.Postgres)
 	p("- PostgreSQL settings: %s\n", m.PGSettings)
 	p("- Redis %s; etcd %s\n", orDash(m.Redis), orDash(m.Etcd))
@@ -161,15 +165,15 @@ func Markdown(res *Results) string {
 			if r.Group != group {
 				group = r.Group
 				p("\n### %s (ratios against %s)\n\n", group, r.Baseline)
-				p("| contender | calls/s | mean | p50 | p99 | x mean | x p99 | round trips | allocs | bytes | errors |\n")
-				p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+				p("| contender | calls/s | mean | p50 | p99 | x mean | x p50 | x p99 | round trips | allocs | bytes | errors |\n")
+				p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 			}
 			if r.Unavailable != "" {
-				p("| %s | unavailable: %s |||||||||\n", r.Row, oneLine(r.Unavailable))
+				p("| %s | unavailable: %s ||||||||||\n", r.Row, oneLine(r.Unavailable))
 				continue
 			}
-			p("| %s | %.0f | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %d |\n", r.Row, r.OpsPerSec, fmtUS(r.Lat.Mean), fmtUS(r.Lat.P50),
-				fmtUS(r.Lat.P99), fmtX(r.MeanRatio), fmtX(r.P99Ratio), r.RTPerOp, r.AllocsPerOp, r.BytesPerOp, r.Errors)
+			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %d |\n", r.Row, r.OpsPerSec, fmtUS(r.Lat.Mean), fmtUS(r.Lat.P50),
+				fmtUS(r.Lat.P99), fmtX(r.MeanRatio), fmtX(r.P50Ratio), fmtX(r.P99Ratio), r.RTPerOp, r.AllocsPerOp, r.BytesPerOp, r.Errors)
 		}
 	}
 

@@ -59,9 +59,9 @@ var (
 	fullParams = params{warmOps: 50, countOps: 300, ucRounds: 10, ucSlice: 300 * time.Millisecond,
 		ctRounds: 2, ctSlice: time.Second, fairSlices: 5, fairSlice: 2 * time.Second,
 		urRounds: 3, urSlice: time.Second, grace: 3 * time.Second}
-	quickParams = params{warmOps: 10, countOps: 30, ucRounds: 2, ucSlice: 40 * time.Millisecond,
-		ctRounds: 1, ctSlice: 150 * time.Millisecond, fairSlices: 2, fairSlice: 250 * time.Millisecond,
-		urRounds: 1, urSlice: 300 * time.Millisecond, grace: 500 * time.Millisecond}
+	quickParams = params{warmOps: 10, countOps: 30, ucRounds: 2, ucSlice: 30 * time.Millisecond,
+		ctRounds: 1, ctSlice: 100 * time.Millisecond, fairSlices: 2, fairSlice: 200 * time.Millisecond,
+		urRounds: 1, urSlice: 300 * time.Millisecond, grace: 300 * time.Millisecond}
 )
 
 // Suite is one run.
@@ -101,20 +101,44 @@ type Meta struct {
 	Unavailable map[string]string `json:"unavailable"`
 	Poll        string            `json:"poll_interval"`
 	Params      map[string]string `json:"params"`
+	LoadBefore  string            `json:"loadavg_before"`
+	LoadAfter   string            `json:"loadavg_after"`
 }
 
 // Run runs the suite: it finds or starts the database, Redis and etcd, runs
 // the selected workloads, writes the results and stops what it started.
 func Run(ctx context.Context, cfg Config) (*Results, error) {
+	s := newSuite(cfg)
+	stop, err := s.start(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	s.res.Meta.LoadBefore = loadAvg()
+	for _, step := range []func(context.Context) error{s.runUncontended, s.runContention, s.runFairness, s.runUnrelated} {
+		if err := step(ctx); err != nil {
+			return s.res, err
+		}
+		if err := ctx.Err(); err != nil {
+			return s.res, err
+		}
+	}
+	s.res.Meta.Finished = time.Now().UTC()
+	s.res.Meta.LoadAfter = loadAvg()
+	s.res.Targets = evaluateTargets(s.res)
+	return s.res, s.save()
+}
+
+func newSuite(cfg Config) *Suite {
+	if cfg.Poll == 0 {
+		cfg.Poll = 5 * time.Millisecond
+	}
 	s := &Suite{cfg: cfg, params: fullParams, log: cfg.Log, res: &Results{}}
 	if cfg.Quick {
 		s.params = quickParams
 	}
 	if s.log == nil {
 		s.log = io.Discard
-	}
-	if cfg.Poll == 0 {
-		cfg.Poll = 5 * time.Millisecond
 	}
 	s.res.Meta = Meta{Started: time.Now().UTC(), Command: cfg.Command, Quick: cfg.Quick, Poll: cfg.Poll.String(),
 		Unavailable: map[string]string{}, Params: s.params.describe()}
@@ -123,12 +147,28 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	// Advisory keys are database-wide: start this run's keys at a random
 	// high base, so that two runs (or anything else) do not collide.
 	s.env.KeyBase = 7_000_000_000 + (time.Now().UnixNano()%1000)*1_000_000
+	return s
+}
 
+// start finds or starts the services, records the versions and prepares
+// the bench schema. stop stops what it started.
+func (s *Suite) start(ctx context.Context) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
 	pg, err := services.StartPostgres(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer pg.Stop()
+	stops = append(stops, pg.Stop)
 	s.env.DSN = pg.DSN
 	if pg.Throwaway {
 		s.logf("throwaway PostgreSQL cluster from %s", pg.BinDir)
@@ -136,12 +176,12 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	} else {
 		s.res.Meta.PGSettings = "DATABASE_URL"
 	}
-	if !cfg.NoPeers {
+	if !s.cfg.NoPeers {
 		if r, err := services.StartRedis(); err != nil {
 			s.res.Meta.Unavailable["redis"] = err.Error()
 			s.logf("Redis unavailable: %v", err)
 		} else {
-			defer r.Stop()
+			stops = append(stops, r.Stop)
 			s.env.RedisAddr = r.Addr
 			s.res.Meta.Redis = r.Version
 			if r.Started {
@@ -152,7 +192,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 			s.res.Meta.Unavailable["etcd"] = err.Error()
 			s.logf("etcd unavailable: %v", err)
 		} else {
-			defer e.Stop()
+			stops = append(stops, e.Stop)
 			s.env.EtcdEndpoint = e.Endpoint
 			s.res.Meta.Etcd = e.Version + " (data dir " + filepath.Dir(e.DataDir) + ")"
 		}
@@ -163,17 +203,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	if err := s.prepare(ctx); err != nil {
 		return nil, err
 	}
-	for _, step := range []func(context.Context) error{s.runUncontended, s.runContention, s.runFairness, s.runUnrelated} {
-		if err := step(ctx); err != nil {
-			return s.res, err
-		}
-		if err := ctx.Err(); err != nil {
-			return s.res, err
-		}
-	}
-	s.res.Meta.Finished = time.Now().UTC()
-	s.res.Targets = evaluateTargets(s.res)
-	return s.res, s.save()
+	return stop, nil
 }
 
 func (p params) describe() map[string]string {
@@ -225,6 +255,20 @@ func (s *Suite) prepare(ctx context.Context) error {
 	}
 	defer closePool()
 	return prepareLeases(ctx, &s.env, pool)
+}
+
+// loadAvg is /proc/loadavg's first three fields: other work on the machine
+// during a run shows up here.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func procField(path, name string) string {
