@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -37,6 +38,11 @@ type ColumnConfig struct {
 	// ReleaseTimeout bounds the release TryDo runs after its callback, and the
 	// give-back after an acquisition whose outcome is unknown. Default 5s.
 	ReleaseTimeout time.Duration
+	// Tracer, when set, receives every renewal (see RenewTracer).
+	Tracer RenewTracer
+	// Logger receives renewals (Debug; failures at Warn). Row ids are
+	// logged as given. Nil means no logging.
+	Logger *slog.Logger
 }
 
 // DefaultReleaseTimeout is the release bound used when a config leaves it zero.
@@ -53,6 +59,7 @@ type Column struct {
 	renewSQL       string
 	releaseSQL     string
 	migrateSQL     string
+	obs            observer
 }
 
 // The column-lease statements. Each is one round trip, run outside any
@@ -157,6 +164,7 @@ func NewColumn(pool *pgxpool.Pool, cfg ColumnConfig) (*Column, error) {
 		renewSQL:       r.Replace(columnRenewSQL),
 		releaseSQL:     r.Replace(columnReleaseSQL),
 		migrateSQL:     r.Replace(columnMigrateSQL),
+		obs:            newObserver(FormColumn, cfg.Tracer, cfg.Logger),
 	}, nil
 }
 
@@ -231,7 +239,10 @@ func (l *ColumnLease) Token() int64 { return l.token }
 // statement. It returns ErrLeaseLost if the lease expired, was released or was
 // taken over, ErrNotFound if the row is gone.
 func (l *ColumnLease) Renew(ctx context.Context) error {
-	return l.scoped(ctx, "renew", l.c.renewSQL, l.id, l.owner, l.c.ttl)
+	start := time.Now()
+	err := l.scoped(ctx, "renew", l.c.renewSQL, l.id, l.owner, l.c.ttl)
+	l.c.obs.renewed(ctx, l.Resource(), l.token, start, err)
+	return err
 }
 
 // Release frees the row if the lease is still this one's. ctx governs the one

@@ -57,9 +57,11 @@ func (l *Lease) ExpiresAt() time.Time {
 // Renew extends the lease to the database's now() + TTL. ctx governs the one
 // statement. It returns ErrLeaseLost if the lease expired (even if nobody has
 // taken it), was released, swept or taken over.
-func (l *Lease) Renew(ctx context.Context) error {
+func (l *Lease) Renew(ctx context.Context) (err error) {
+	start := time.Now()
+	defer func() { l.m.obs.renewed(ctx, l.resource, l.token, start, err) }()
 	var expiry time.Time
-	err := l.m.pool.QueryRow(ctx, l.m.q.renew, l.resource, l.token, l.id, l.ttl).Scan(&expiry)
+	err = l.m.pool.QueryRow(ctx, l.m.q.renew, l.resource, l.token, l.id, l.ttl).Scan(&expiry)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return opError("renew", l.resource, ErrLeaseLost)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -38,6 +39,11 @@ type ManagerConfig struct {
 	// give-back after an acquisition whose outcome is unknown, and the
 	// clean-up of a waiting connection. Default 5s.
 	ReleaseTimeout time.Duration
+	// Tracer, when set, receives every renewal (see RenewTracer).
+	Tracer RenewTracer
+	// Logger receives renewals (Debug; failures at Warn). Resources are
+	// logged as given. Nil means no logging.
+	Logger *slog.Logger
 }
 
 // DefaultTable is the lock-manager table name used when ManagerConfig.Table is empty.
@@ -101,6 +107,7 @@ type Manager struct {
 	releaseTimeout time.Duration
 	q              managerSQL
 	lis            *listener
+	obs            observer
 }
 
 // NewManager validates cfg and prepares the statements. It sends nothing to
@@ -163,6 +170,7 @@ func NewManager(pool *pgxpool.Pool, cfg ManagerConfig) (*Manager, error) {
 		owner:          cfg.Owner,
 		poll:           cfg.PollInterval,
 		releaseTimeout: cfg.ReleaseTimeout,
+		obs:            newObserver(FormManager, cfg.Tracer, cfg.Logger),
 	}
 	m.q = newManagerSQL(strings.NewReplacer(
 		"{holders}", m.holders, "{resources}", m.resources,

@@ -2,11 +2,13 @@ package metrics
 
 import (
 	"context"
+	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgxlock/pgxlock/advisory"
 	"github.com/pgxlock/pgxlock/keys"
+	"github.com/pgxlock/pgxlock/lease"
 )
 
 // Options configure a Collector. The zero value is ready to use.
@@ -44,6 +46,7 @@ var (
 	_ advisory.AcquireTracer = (*Collector)(nil)
 	_ advisory.ReleaseTracer = (*Collector)(nil)
 	_ advisory.LostTracer    = (*Collector)(nil)
+	_ lease.RenewTracer      = (*Collector)(nil)
 	_ prometheus.Collector   = (*Collector)(nil)
 )
 
@@ -120,6 +123,19 @@ func (c *Collector) TraceRelease(_ context.Context, d advisory.TraceReleaseData)
 	scope, m, ns := string(d.Scope), mode(d.Shared), namespaceOf(d.Keys)
 	c.held.WithLabelValues(scope, m, ns).Dec()
 	c.hold.WithLabelValues(scope, m, ns).Observe(d.Held.Seconds())
+}
+
+// TraceRenew implements lease.RenewTracer: result "ok", "lost" (the lease
+// had expired or was taken over: ErrLeaseLost) or "error".
+func (c *Collector) TraceRenew(_ context.Context, d lease.TraceRenewData) {
+	switch {
+	case d.Err == nil:
+		c.renewals.WithLabelValues("ok").Inc()
+	case errors.Is(d.Err, lease.ErrLeaseLost):
+		c.renewals.WithLabelValues("lost").Inc()
+	default:
+		c.renewals.WithLabelValues("error").Inc()
+	}
 }
 
 // TraceLost implements advisory.LostTracer.

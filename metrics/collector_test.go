@@ -18,6 +18,7 @@ import (
 	"github.com/pgxlock/pgxlock/advisory"
 	"github.com/pgxlock/pgxlock/internal/pgtest"
 	"github.com/pgxlock/pgxlock/keys"
+	"github.com/pgxlock/pgxlock/lease"
 	"github.com/pgxlock/pgxlock/metrics"
 )
 
@@ -111,4 +112,26 @@ func TestNamespaceLabelMixedAndNone(t *testing.T) {
 		func(context.Context, pgx.Tx) error { return nil }))
 	body := scrape(t, reg)
 	assert.Contains(t, body, `app_acquisitions_total{mode="exclusive",namespace="mixed",result="acquired",scope="xact"} 1`)
+}
+
+func TestLeaseRenewalsCounted(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m := metrics.New(metrics.Options{})
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(m))
+	pool := pgtest.Pool(t)
+	mgr, err := lease.NewManager(pool, lease.ManagerConfig{Schema: pgtest.Schema(t, pool), TTL: time.Minute, Tracer: m})
+	require.NoError(t, err)
+	require.NoError(t, mgr.Migrate(ctx))
+	l, err := mgr.TryAcquire(ctx, "report", nil)
+	require.NoError(t, err)
+	require.NoError(t, l.Renew(ctx))
+	require.NoError(t, l.Renew(ctx))
+	require.NoError(t, l.Release(ctx))
+	require.ErrorIs(t, l.Renew(ctx), lease.ErrLeaseLost)
+	body := scrape(t, reg)
+	assert.Contains(t, body, `pgxlock_lease_renewals_total{result="ok"} 2`)
+	assert.Contains(t, body, `pgxlock_lease_renewals_total{result="lost"} 1`)
+	assert.NotContains(t, body, `"report"`, "resources never become labels")
 }

@@ -1,12 +1,14 @@
 // Package metrics exports pgxlock's lock events as Prometheus metrics.
 //
 // A [Collector] is an advisory tracer (install it as advisory.Config.Tracer,
-// alone or in an advisory.MultiTracer) and a prometheus.Collector (register
-// it with a registry):
+// alone or in an advisory.MultiTracer), a lease tracer (lease.ColumnConfig
+// and lease.ManagerConfig Tracer) and a prometheus.Collector (register it
+// with a registry):
 //
 //	m := metrics.New(metrics.Options{})
 //	prometheus.MustRegister(m)
 //	locker, err := advisory.New(pool, advisory.Config{Tracer: m})
+//	leases, err := lease.NewManager(pool, lease.ManagerConfig{TTL: time.Minute, Tracer: m})
 //
 // # Metrics
 //
