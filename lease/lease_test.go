@@ -78,29 +78,17 @@ func newManager(t testing.TB, pool *pgxpool.Pool, schema string, cfg lease.Manag
 	return m
 }
 
-// exampleTB lets Example functions reach the harness: pgtest.DSN takes a
-// testing.TB only to report failures. Methods DSN does not call are left to
-// the embedded nil interface and would panic if a future version called them.
-type exampleTB struct{ testing.TB }
-
-func (exampleTB) Helper()                           {}
-func (exampleTB) Fatal(args ...any)                 { panic(fmt.Sprint(args...)) }
-func (exampleTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
-
 // examplePool connects to the test database for an Example and creates a
 // fresh schema; the returned func drops it and closes the pool.
 func examplePool() (*pgxpool.Pool, string, func()) {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtest.DSN(exampleTB{}))
-	if err != nil {
-		panic(err)
-	}
+	pool, closePool := pgtest.ExamplePool()
 	schema := fmt.Sprintf("example_%d", time.Now().UnixNano())
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		panic(err)
 	}
 	return pool, schema, func() {
 		_, _ = pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-		pool.Close()
+		closePool()
 	}
 }
