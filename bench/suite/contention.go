@@ -55,6 +55,7 @@ type ContentionResult struct {
 	Seconds      float64          `json:"seconds"`
 	PerSec       float64          `json:"acq_per_sec"`
 	Ratio        float64          `json:"throughput_ratio_vs_raw"`
+	PairedRatio  float64          `json:"paired_throughput_ratio_vs_raw"` // median of per-round ratios
 	Wait         Dist             `json:"wait"`
 	Handoff      Dist             `json:"handoff"`
 	PerGoroutine Spread           `json:"per_goroutine"`
@@ -90,6 +91,7 @@ type ctRun struct {
 	waits   []time.Duration
 	hand    []time.Duration
 	secs    float64
+	rounds  []float64 // acquisitions per second per round
 }
 
 func (s *Suite) runContention(ctx context.Context) error {
@@ -161,6 +163,7 @@ func (s *Suite) contend(ctx context.Context, section string, cfg ContentionConfi
 		}
 	}
 	var raw *ContentionResult
+	var rawRounds []float64
 	for _, r := range runs {
 		res := r.res
 		res.Seconds = r.secs
@@ -177,13 +180,14 @@ func (s *Suite) contend(ctx context.Context, section string, cfg ContentionConfi
 			res.Counts = r.counts
 		}
 		if r.c.Name == rawLockUnlock.Name {
-			raw = res
+			raw, rawRounds = res, r.rounds
 		}
 		r.inst.Close()
 	}
 	if raw != nil {
 		for _, r := range runs {
 			r.res.Ratio = ratio(r.res.PerSec, raw.PerSec)
+			r.res.PairedRatio = pairedRatio(r.rounds, rawRounds)
 		}
 	}
 	return s.save()
@@ -216,6 +220,11 @@ func (r *ctRun) absorb(st sliceStats) {
 	r.waits = append(r.waits, st.waits...)
 	r.hand = append(r.hand, st.hand...)
 	r.secs += st.secs
+	n := 0
+	for _, c := range st.counts {
+		n += c
+	}
+	r.rounds = append(r.rounds, ratio(float64(n), st.secs))
 	r.res.Errors += st.errors
 	if r.res.FirstError == "" {
 		r.res.FirstError = st.firstErr

@@ -46,12 +46,12 @@ func evaluateTargets(res *Results) []Target {
 		out = append(out, Target{Name: name, Want: want, Got: got, Met: met})
 	}
 	if r := findUC(res, "session lock+unlock", pgxlockWithLock.Name); r != nil {
-		add("session helper vs raw lock+unlock (mean)", "<= 1.05x", fmt.Sprintf("%.3fx", r.MeanRatio), yesNo(r.MeanRatio <= 1.05))
+		add("session helper vs raw lock+unlock (mean, paired)", "<= 1.05x", fmt.Sprintf("%.3fx", r.PairedRatio), yesNo(r.PairedRatio <= 1.05))
 		add("session helper vs raw lock+unlock (p50)", "<= 1.05x", fmt.Sprintf("%.3fx", r.P50Ratio), yesNo(r.P50Ratio <= 1.05))
 		add("session helper vs raw lock+unlock (p99)", "<= 1.10x", fmt.Sprintf("%.3fx", r.P99Ratio), yesNo(r.P99Ratio <= 1.10))
 	}
 	if r := findUC(res, "xact helper", pgxlockWithXactLock.Name); r != nil {
-		add("xact helper vs raw pipelined [BEGIN+lock]; COMMIT (mean)", "<= 1.05x", fmt.Sprintf("%.3fx", r.MeanRatio), yesNo(r.MeanRatio <= 1.05))
+		add("xact helper vs raw pipelined [BEGIN+lock]; COMMIT (mean, paired)", "<= 1.05x", fmt.Sprintf("%.3fx", r.PairedRatio), yesNo(r.PairedRatio <= 1.05))
 		add("xact helper vs raw pipelined [BEGIN+lock]; COMMIT (p50)", "<= 1.05x", fmt.Sprintf("%.3fx", r.P50Ratio), yesNo(r.P50Ratio <= 1.05))
 	}
 	for _, g := range []struct{ group, row string }{
@@ -59,7 +59,7 @@ func evaluateTargets(res *Results) []Target {
 		{"multi-key xact (10 keys)", pgxlockWithXactLockAll.Name + " (10 keys)"},
 	} {
 		if r := findUC(res, g.group, g.row); r != nil {
-			add(g.group+": 10 keys vs 1 key (mean)", "<= 1.10x", fmt.Sprintf("%.3fx", r.MeanRatio), yesNo(r.MeanRatio <= 1.10))
+			add(g.group+": 10 keys vs 1 key (mean, paired)", "<= 1.10x", fmt.Sprintf("%.3fx", r.PairedRatio), yesNo(r.PairedRatio <= 1.10))
 			add(g.group+": 10 keys vs 1 key (p50)", "<= 1.10x", fmt.Sprintf("%.3fx", r.P50Ratio), yesNo(r.P50Ratio <= 1.10))
 		}
 	}
@@ -67,8 +67,8 @@ func evaluateTargets(res *Results) []Target {
 		for _, g := range []int{8, 32, 64} {
 			cfg := ContentionConfig{Keys: 1, Goroutines: g, Pool: pool}
 			if r := findCT(res, "contention", cfg, pgxlockWithLock.Name); r != nil {
-				add(fmt.Sprintf("one key, no work, %d goroutines, pool %d: throughput vs raw", g, pool), ">= 0.95x",
-					fmt.Sprintf("%.3fx", r.Ratio), yesNo(r.Ratio >= 0.95))
+				add(fmt.Sprintf("one key, no work, %d goroutines, pool %d: throughput vs raw (paired)", g, pool), ">= 0.95x",
+					fmt.Sprintf("%.3fx", r.PairedRatio), yesNo(r.PairedRatio >= 0.95))
 				add(fmt.Sprintf("one key, no work, %d goroutines, pool %d: hand-off p50", g, pool), "<= 20 us",
 					fmtUS(r.Handoff.P50), yesNo(r.Handoff.N > 0 && r.Handoff.P50 <= 20))
 			}
@@ -76,7 +76,7 @@ func evaluateTargets(res *Results) []Target {
 	}
 	fair := ContentionConfig{Keys: 1, Goroutines: 32, Pool: 50, Work: time.Millisecond}
 	if r := findCT(res, "fairness", fair, pgxlockWithLock.Name); r != nil {
-		add("one key, 1 ms work, 32 goroutines: throughput vs raw", ">= 0.95x", fmt.Sprintf("%.3fx", r.Ratio), yesNo(r.Ratio >= 0.95))
+		add("one key, 1 ms work, 32 goroutines: throughput vs raw (paired)", ">= 0.95x", fmt.Sprintf("%.3fx", r.PairedRatio), yesNo(r.PairedRatio >= 0.95))
 		add("one key, 1 ms work, 32 goroutines: per-goroutine min/max", ">= 0.95", fmt.Sprintf("%.3f (%d/%d)", r.PerGoroutine.MinMax, r.PerGoroutine.Min, r.PerGoroutine.Max), yesNo(r.PerGoroutine.MinMax >= 0.95))
 	}
 	for _, p := range [][2]string{
@@ -93,7 +93,7 @@ func evaluateTargets(res *Results) []Target {
 	}
 	for _, r := range res.Unrelated {
 		if r.Impl == "pgxlock" {
-			add("unrelated queries, "+r.Scenario, ">= 0.90x baseline", fmt.Sprintf("%.3fx", r.Ratio), yesNo(r.Ratio >= 0.90))
+			add("unrelated queries, "+r.Scenario+" (paired)", ">= 0.90x baseline", fmt.Sprintf("%.3fx", r.Paired), yesNo(r.Paired >= 0.90))
 		}
 	}
 	return out
@@ -165,15 +165,15 @@ func Markdown(res *Results) string {
 			if r.Group != group {
 				group = r.Group
 				p("\n### %s (ratios against %s)\n\n", group, r.Baseline)
-				p("| contender | calls/s | mean | p50 | p99 | x mean | x p50 | x p99 | round trips | allocs | bytes | errors |\n")
-				p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+				p("| contender | calls/s | mean | p50 | p99 | x mean (paired) | x mean | x p50 | x p99 | round trips | allocs | bytes | errors |\n")
+				p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 			}
 			if r.Unavailable != "" {
-				p("| %s | unavailable: %s ||||||||||\n", r.Row, oneLine(r.Unavailable))
+				p("| %s | unavailable: %s |||||||||||\n", r.Row, oneLine(r.Unavailable))
 				continue
 			}
-			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %d |\n", r.Row, r.OpsPerSec, fmtUS(r.Lat.Mean), fmtUS(r.Lat.P50),
-				fmtUS(r.Lat.P99), fmtX(r.MeanRatio), fmtX(r.P50Ratio), fmtX(r.P99Ratio), r.RTPerOp, r.AllocsPerOp, r.BytesPerOp, r.Errors)
+			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %d |\n", r.Row, r.OpsPerSec, fmtUS(r.Lat.Mean), fmtUS(r.Lat.P50),
+				fmtUS(r.Lat.P99), fmtX(r.PairedRatio), fmtX(r.MeanRatio), fmtX(r.P50Ratio), fmtX(r.P99Ratio), r.RTPerOp, r.AllocsPerOp, r.BytesPerOp, r.Errors)
 		}
 	}
 
@@ -187,42 +187,42 @@ func Markdown(res *Results) string {
 	}
 	if len(ct) > 0 {
 		p("\n## Contention: G goroutines loop lock, no work, unlock; one key or a random one of 16\n\n")
-		p("Hand-off: end of the previous holder's critical section to the start of the next waiter's. x raw: throughput against raw pgx at the same point.\n")
+		p("Hand-off: end of the previous holder's critical section to the start of the next waiter's. x raw: throughput against raw pgx at the same point; paired: median over rounds of the ratio between adjacent slices.\n")
 		cfg := ContentionConfig{Keys: -1}
 		for _, r := range ct {
 			if r.Config != cfg {
 				cfg = r.Config
 				p("\n### %s\n\n", cfg)
-				p("| contender | acq/s | x raw | wait p50 | wait p99 | hand-off p50 | hand-off p99 | per-goroutine min/med/max | errors | violations |\n")
-				p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+				p("| contender | acq/s | x raw (paired) | x raw | wait p50 | wait p99 | hand-off p50 | hand-off p99 | per-goroutine min/med/max | errors | violations |\n")
+				p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 			}
 			if r.Unavailable != "" {
-				p("| %s | unavailable: %s |||||||||\n", r.Row, oneLine(r.Unavailable))
+				p("| %s | unavailable: %s ||||||||||\n", r.Row, oneLine(r.Unavailable))
 				continue
 			}
-			p("| %s | %.0f | %s | %s | %s | %s | %s | %d/%.0f/%d | %d | %d |\n", r.Row, r.PerSec, fmtX(r.Ratio), fmtUS(r.Wait.P50), fmtUS(r.Wait.P99),
+			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %d/%.0f/%d | %d | %d |\n", r.Row, r.PerSec, fmtX(r.PairedRatio), fmtX(r.Ratio), fmtUS(r.Wait.P50), fmtUS(r.Wait.P99),
 				fmtUS(r.Handoff.P50), fmtUS(r.Handoff.P99), r.PerGoroutine.Min, r.PerGoroutine.Median, r.PerGoroutine.Max, r.Errors, r.Violations)
 		}
 	}
 	if len(fair) > 0 {
 		p("\n## Fairness: %s\n\n", fair[0].Config)
-		p("| contender | acq/s | x raw | min | median | max | min/max | Jain | hand-off p50 | hand-off p99 | wait p99 | errors | violations |\n")
-		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		p("| contender | acq/s | x raw (paired) | x raw | min | median | max | min/max | Jain | hand-off p50 | hand-off p99 | wait p99 | errors | violations |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, r := range fair {
 			if r.Unavailable != "" {
-				p("| %s | unavailable: %s ||||||||||||\n", r.Row, oneLine(r.Unavailable))
+				p("| %s | unavailable: %s |||||||||||||\n", r.Row, oneLine(r.Unavailable))
 				continue
 			}
 			s := r.PerGoroutine
-			p("| %s | %.0f | %s | %d | %.0f | %d | %.3f | %.3f | %s | %s | %s | %d | %d |\n", r.Row, r.PerSec, fmtX(r.Ratio), s.Min, s.Median, s.Max,
+			p("| %s | %.0f | %s | %s | %d | %.0f | %d | %.3f | %.3f | %s | %s | %s | %d | %d |\n", r.Row, r.PerSec, fmtX(r.PairedRatio), fmtX(r.Ratio), s.Min, s.Median, s.Max,
 				s.MinMax, s.Jain, fmtUS(r.Handoff.P50), fmtUS(r.Handoff.P99), fmtUS(r.Wait.P99), r.Errors, r.Violations)
 		}
 	}
 	if len(res.Unrelated) > 0 {
 		p("\n## Unrelated queries: `SELECT 1` from %d goroutines through a pool of %d, while %d goroutines use a lock through the same pool\n\n", unrelatedQueries, unrelatedPool, unrelatedLockers)
-		p("| scenario | queries/s | x baseline | query p50 | query p99 | lock acquisitions | errors |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		p("| scenario | queries/s | x baseline (paired) | x baseline | query p50 | query p99 | lock acquisitions | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, r := range res.Unrelated {
-			p("| %s | %.0f | %s | %s | %s | %d | %d |\n", r.Scenario, r.QPS, fmtX(r.Ratio), fmtUS(r.Lat.P50), fmtUS(r.Lat.P99), r.LockAcq, r.Errors)
+			p("| %s | %.0f | %s | %s | %s | %s | %d | %d |\n", r.Scenario, r.QPS, fmtX(r.Paired), fmtX(r.Ratio), fmtUS(r.Lat.P50), fmtUS(r.Lat.P99), r.LockAcq, r.Errors)
 		}
 	}
 	return b.String()

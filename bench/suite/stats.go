@@ -74,3 +74,23 @@ func ratio(a, b float64) float64 {
 	}
 	return a / b
 }
+
+// pairedRatio is the median over rounds of a[i]/b[i]: each round's
+// contenders ran next to each other, so a drift in the machine's speed
+// (other work on it) cancels out of each ratio.
+func pairedRatio(a, b []float64) float64 {
+	var rs []float64
+	for i := 0; i < len(a) && i < len(b); i++ {
+		if b[i] > 0 && a[i] > 0 {
+			rs = append(rs, a[i]/b[i])
+		}
+	}
+	if len(rs) == 0 {
+		return 0
+	}
+	slices.Sort(rs)
+	if len(rs)%2 == 1 {
+		return rs[len(rs)/2]
+	}
+	return (rs[len(rs)/2-1] + rs[len(rs)/2]) / 2
+}

@@ -56,10 +56,10 @@ type params struct {
 }
 
 var (
-	fullParams = params{warmOps: 50, countOps: 300, ucRounds: 10, ucSlice: 300 * time.Millisecond,
-		ctRounds: 2, ctSlice: time.Second, fairSlices: 5, fairSlice: 2 * time.Second,
-		urRounds: 3, urSlice: time.Second, grace: 3 * time.Second}
-	quickParams = params{warmOps: 10, countOps: 30, ucRounds: 2, ucSlice: 30 * time.Millisecond,
+	fullParams = params{warmOps: 50, countOps: 300, ucRounds: 16, ucSlice: 200 * time.Millisecond,
+		ctRounds: 4, ctSlice: 500 * time.Millisecond, fairSlices: 5, fairSlice: 2 * time.Second,
+		urRounds: 10, urSlice: 300 * time.Millisecond, grace: 1500 * time.Millisecond}
+	quickParams = params{warmOps: 10, countOps: 30, ucRounds: 3, ucSlice: 20 * time.Millisecond,
 		ctRounds: 1, ctSlice: 100 * time.Millisecond, fairSlices: 2, fairSlice: 200 * time.Millisecond,
 		urRounds: 1, urSlice: 300 * time.Millisecond, grace: 300 * time.Millisecond}
 )

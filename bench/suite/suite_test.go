@@ -1,6 +1,8 @@
 package suite
 
 import (
+	"github.com/pgxlock/pgxlock/bench/internal/rt"
+
 	"context"
 	"os"
 	"strings"
@@ -120,11 +122,14 @@ func BenchmarkCycle(b *testing.B) {
 	if benchErr != nil {
 		b.Fatal(benchErr)
 	}
-	ctx := context.Background()
+	// A cancellable context, as an application's request context is: pgx
+	// watches it during every query (context.Background is not watched).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	for i, c := range []Contender{pgxlockWithLock, rawLockUnlock, pgxlockTryWithLock, rawTryUnlock,
 		pgxlockWithXactLock, rawXactPipelined, pgxlockColumnLease, rawColumnLease, pgxlockManagerLease, rawManagerLease} {
 		b.Run(strings.ReplaceAll(c.Name, " ", "_"), func(b *testing.B) {
-			inst, err := c.New(ctx, &benchSuite.env, Spec{PoolSize: 2})
+			inst, err := c.New(ctx, &benchSuite.env, Spec{PoolSize: 2, Counter: benchCounter()})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -149,4 +154,13 @@ func BenchmarkCycle(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchCounter returns a round-trip counter when BENCH_COUNT_RT is set, to
+// check that counting costs nothing measurable.
+func benchCounter() *rt.Counter {
+	if os.Getenv("BENCH_COUNT_RT") != "" {
+		return &rt.Counter{}
+	}
+	return nil
 }

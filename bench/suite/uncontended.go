@@ -52,6 +52,7 @@ type UncontendedResult struct {
 	FirstError  string  `json:"first_error,omitempty"`
 	MeanRatio   float64 `json:"mean_ratio_vs_baseline"`
 	P50Ratio    float64 `json:"p50_ratio_vs_baseline"`
+	PairedRatio float64 `json:"paired_mean_ratio_vs_baseline"` // median of per-round mean ratios
 	P99Ratio    float64 `json:"p99_ratio_vs_baseline"`
 	Baseline    string  `json:"baseline"`
 }
@@ -92,6 +93,7 @@ type ucRun struct {
 	keys    []int64
 	lat     []time.Duration
 	busy    time.Duration
+	rounds  []float64 // mean latency per round
 }
 
 func (s *Suite) runUncontended(ctx context.Context) error {
@@ -147,10 +149,12 @@ func (s *Suite) runUncontended(ctx context.Context) error {
 				}
 				end := time.Now().Add(p.ucSlice)
 				t0 := time.Now()
+				n0 := len(r.lat)
 				for time.Now().Before(end) {
 					r.call(ctx, true)
 				}
 				r.busy += time.Since(t0)
+				r.rounds = append(r.rounds, summarize(r.lat[n0:]).Mean)
 			}
 		}
 		for _, r := range runs {
@@ -179,7 +183,14 @@ func (s *Suite) runUncontended(ctx context.Context) error {
 			}
 		}
 		if baseline != nil {
+			var base []float64
 			for _, r := range runs {
+				if r.res == baseline {
+					base = r.rounds
+				}
+			}
+			for _, r := range runs {
+				r.res.PairedRatio = pairedRatio(r.rounds, base)
 				r.res.MeanRatio = ratio(r.res.Lat.Mean, baseline.Lat.Mean)
 				r.res.P50Ratio = ratio(r.res.Lat.P50, baseline.Lat.P50)
 				r.res.P99Ratio = ratio(r.res.Lat.P99, baseline.Lat.P99)

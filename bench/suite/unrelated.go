@@ -37,21 +37,23 @@ type UnrelatedResult struct {
 	Seconds  float64 `json:"seconds"`
 	QPS      float64 `json:"qps"`
 	Ratio    float64 `json:"ratio_vs_baseline"`
+	Paired   float64 `json:"paired_ratio_vs_baseline"` // median of per-round ratios
 	Lat      Dist    `json:"query_latency"`
 	LockAcq  int     `json:"lock_acquisitions"`
 	Errors   int     `json:"errors"`
 }
 
 type urScenario struct {
-	name  string
-	c     *Contender // nil: baseline
-	held  bool
-	res   *UnrelatedResult
-	inst  *Instance
-	ops   []Op
-	lat   []time.Duration
-	count int
-	secs  float64
+	name   string
+	c      *Contender // nil: baseline
+	held   bool
+	res    *UnrelatedResult
+	inst   *Instance
+	ops    []Op
+	lat    []time.Duration
+	count  int
+	secs   float64
+	rounds []float64 // queries per second per round
 }
 
 func (s *Suite) runUnrelated(ctx context.Context) error {
@@ -114,13 +116,14 @@ func (s *Suite) runUnrelated(ctx context.Context) error {
 		}
 	}
 	var base float64
+	var baseRounds []float64
 	for _, sc := range scs {
 		sc.res.Queries = sc.count
 		sc.res.Seconds = sc.secs
 		sc.res.QPS = ratio(float64(sc.count), sc.secs)
 		sc.res.Lat = summarize(sc.lat)
 		if sc.c == nil {
-			base = sc.res.QPS
+			base, baseRounds = sc.res.QPS, sc.rounds
 		}
 		if sc.inst != nil {
 			sc.inst.Close()
@@ -128,6 +131,7 @@ func (s *Suite) runUnrelated(ctx context.Context) error {
 	}
 	for _, sc := range scs {
 		sc.res.Ratio = ratio(sc.res.QPS, base)
+		sc.res.Paired = pairedRatio(sc.rounds, baseRounds)
 	}
 	return s.save()
 }
@@ -203,6 +207,7 @@ func (s *Suite) unrelatedSlice(ctx context.Context, pool *pgxpool.Pool, holder *
 	}
 	l := <-loaded
 	sc.count += l.n
+	sc.rounds = append(sc.rounds, ratio(float64(l.n), l.secs))
 	sc.lat = append(sc.lat, l.lat...)
 	sc.secs += l.secs
 	sc.res.LockAcq += int(acq.Load())
