@@ -25,6 +25,13 @@
 // (per-tenant serialisation of writes): nothing to unlock, nothing to leak.
 // Prefer them whenever the critical section is one transaction.
 //
+// A transaction lock ends with the first error in its transaction, not at
+// ROLLBACK: PostgreSQL aborts the transaction, and releases its locks, the
+// moment a statement fails. A callback that catches a database error and
+// carries on (say, to call another service) is no longer protected; return
+// the error instead, or run the statement that may fail inside a SAVEPOINT
+// (tx.Begin), whose failure leaves the lock in place.
+//
 // # Why a pinned connection
 //
 // A pool hands each query to whichever connection is free, so a lock taken
@@ -59,8 +66,12 @@
 // with pg_advisory_unlock_all under a fresh context bounded by
 // Config.CleanupTimeout, or, if that fails or the connection was closed,
 // the connection is destroyed. A lock granted after the caller's context
-// has ended is released at once. Unlock, rollback and close always run
-// under context.WithoutCancel with that bound.
+// has ended is released at once. A connection to which the library sent a
+// cancel request that the wait did not consume (the lock was granted
+// first) is destroyed rather than pooled: PostgreSQL applies the request
+// asynchronously and could cancel the next borrower's statement. Unlock,
+// rollback and close always run under context.WithoutCancel with that
+// bound.
 //
 // # Timeouts
 //

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -184,10 +185,42 @@ func (l *Locker) waitBound(ctx context.Context, opts *Options, try bool) (contex
 	return ctx, func() {}
 }
 
-// waitContext prepares the server-side part of a blocking wait bounded by
-// wctx, on the connection pg. It returns the context to run the lock
-// statement under and the lock_timeout to send ("" = leave the server's
-// setting alone).
+// serverWait is the server-side part of one blocking wait: the context
+// to run the lock statement under, the lock_timeout to send ("" = leave the
+// server's setting alone), and whether a cancel request was sent.
+type serverWait struct {
+	ctx     context.Context
+	timeout string
+	stopFn  func()
+	sent    atomic.Bool // a cancel request went to the server
+}
+
+// noWait is the serverWait of a Try call: nothing to arrange.
+func noWait(ctx context.Context) *serverWait { return &serverWait{ctx: ctx, stopFn: func() {}} }
+
+// stop ends the arrangement; idempotent. After it returns, no cancel
+// request is in flight from this wait.
+func (w *serverWait) stop() { w.stopFn() }
+
+// settle marks c dirty when a cancel request was sent but the statement
+// did not end with 57014 because of it: the request may still be pending in
+// the backend, which would cancel whatever statement runs next on the
+// connection, possibly another caller's after it went back to the pool.
+// It reports whether it did.
+func (w *serverWait) settle(c *pooltx.Conn, err error) bool {
+	if !w.sent.Load() {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeQueryCanceled {
+		return false // the cancel was consumed by the wait it was meant for
+	}
+	c.MarkDirty(errors.New("advisory: a cancel request may be pending on the connection"))
+	return true
+}
+
+// waitFor prepares the server-side part of a blocking wait bounded by wctx,
+// on the connection pg.
 //
 // The statement's context is detached from wctx, so that pgx's context
 // handling (which, by default, closes the socket) does not see wctx end
@@ -201,22 +234,24 @@ func (l *Locker) waitBound(ctx context.Context, opts *Options, try bool) (contex
 //     read its socket while it waits) until the lock is granted to it;
 //   - if neither answers within deadlineGrace, the statement's context is
 //     cancelled after all and pgx closes the connection.
-func (l *Locker) waitContext(wctx context.Context, pg *pgconn.PgConn) (context.Context, string, func()) {
+func (l *Locker) waitFor(wctx context.Context, pg *pgconn.PgConn) *serverWait {
 	deadline, hasDeadline := wctx.Deadline()
 	if !hasDeadline && wctx.Done() == nil {
-		return wctx, "", func() {} // cannot end: nothing to arrange
+		return noWait(wctx) // cannot end: nothing to arrange
 	}
-	timeout := ""
+	w := &serverWait{}
 	if hasDeadline {
-		timeout = formatTimeout(time.Until(deadline))
+		w.timeout = formatTimeout(time.Until(deadline))
 	}
 	qctx, cancel := context.WithCancelCause(context.WithoutCancel(wctx))
+	w.ctx = qctx
 	watched := make(chan struct{})
 	stopWatch := context.AfterFunc(wctx, func() {
 		defer close(watched)
 		t := time.NewTimer(deadlineGrace)
 		defer t.Stop()
 		if !errors.Is(wctx.Err(), context.DeadlineExceeded) {
+			w.sent.Store(true)
 			cctx, ccancel := context.WithTimeout(context.Background(), deadlineGrace)
 			_ = pg.CancelRequest(cctx) // best effort: the timer below is the backstop
 			ccancel()
@@ -228,7 +263,7 @@ func (l *Locker) waitContext(wctx context.Context, pg *pgconn.PgConn) (context.C
 		}
 	})
 	var once sync.Once
-	return qctx, timeout, func() {
+	w.stopFn = func() {
 		once.Do(func() {
 			cancel(context.Canceled)
 			if !stopWatch() {
@@ -236,6 +271,7 @@ func (l *Locker) waitContext(wctx context.Context, pg *pgconn.PgConn) (context.C
 			}
 		})
 	}
+	return w
 }
 
 // pin waits for the call's turn and a pooled connection: in the key queues

@@ -164,11 +164,11 @@ func (l *Locker) acquireSessionTraced(ctx context.Context, s *keySet, op string,
 // partly granted statement may have left are released, or c is marked
 // dirty.
 func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySet, op string, shared, try bool) error {
-	qctx, timeout, stop := ctx, "", func() {}
+	w := noWait(ctx)
 	if !try {
-		qctx, timeout, stop = l.waitContext(wctx, c.Conn().PgConn())
+		w = l.waitFor(wctx, c.Conn().PgConn())
 	}
-	defer stop()
+	defer w.stop()
 
 	falses := 0
 	check := drain
@@ -176,8 +176,17 @@ func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySe
 		check = boolResults(&falses)
 	}
 	b := &pgx.Batch{}
-	s.queue(b, sessionOp(try), shared, timeout, check)
-	if err := c.Conn().SendBatch(qctx, b).Close(); err != nil {
+	s.queue(b, sessionOp(try), shared, w.timeout, check)
+	err := c.Conn().SendBatch(w.ctx, b).Close()
+	w.stop() // no cancel request in flight from here on
+	if w.settle(c, err) {
+		// c will be destroyed, which releases whatever it holds.
+		if err == nil {
+			err = ctx.Err()
+		}
+		return &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
+	}
+	if err != nil {
 		// The outcome is unknown: a lock may have been granted just before
 		// the error (a cancel racing the grant), or a multi-key statement
 		// may have taken some keys before failing.

@@ -81,11 +81,12 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 	leaveOnce := sync.OnceFunc(leave)
 	defer leaveOnce()
 
-	qctx, timeout, stop := ctx, "", func() {}
+	w := noWait(ctx)
 	if !try {
-		qctx, timeout, stop = l.waitContext(wctx, c.Conn().PgConn())
+		w = l.waitFor(wctx, c.Conn().PgConn())
 	}
-	defer stop()
+	defer w.stop()
+	timeout := w.timeout
 
 	falses := 0
 	check := drain
@@ -93,7 +94,7 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 		check = boolResults(&falses)
 	}
 	txOpts := &pooltx.TxOptions{
-		PreambleContext: qctx,
+		PreambleContext: w.ctx,
 		Preamble: func(b *pgx.Batch) {
 			if timeout != "" {
 				b.Queue(sqlSaveTimeout, timeout)
@@ -120,9 +121,9 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 		}
 	}()
 	err = c.Tx(ctx, txOpts, func(ctx context.Context, tx pgx.Tx) error {
-		stop()
+		w.stop()
 		leaveOnce()
-		if ctx.Err() != nil {
+		if w.sent.Load() || ctx.Err() != nil {
 			// Granted after the caller gave up: roll back, which releases.
 			return ctx.Err()
 		}
@@ -131,6 +132,10 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 		return fn(ctx, tx)
 	})
 	returned = true
+	if !inFn {
+		w.stop()
+		w.settle(c, err) // a pending cancel request makes c unfit for the pool
+	}
 	if inFn {
 		sp.released(nil)
 		return err // fn's or COMMIT's error, unchanged

@@ -267,6 +267,11 @@ func TestRandomCancellation(t *testing.T) {
 	if len(stale) > 0 {
 		t.Logf("calls failed with 57014 although their own context never ended (a late cancel request meant for an earlier call on the same connection): %v", stale)
 	}
+	// Regression: the library's own cancel requests (sent when a lock wait is
+	// cancelled) must never reach a later statement. A connection on which
+	// one may still be pending is destroyed, not pooled. (pgx's cancel-request
+	// handler can still do this to the other pool's callbacks: not ours.)
+	assert.Zero(t, stale["default handler"], "a late cancel request of the library hit another statement")
 	violations, excused := excl.violations()
 	assert.Empty(t, violations, "mutual exclusion violated")
 	t.Logf("excused overlaps (the holder's lock went inside its callback: connection closed or transaction aborted): %d", excused)
