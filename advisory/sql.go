@@ -45,6 +45,10 @@ type statements struct {
 	// oneTimeout1/2: the single-key form with "SET LOCAL lock_timeout" for
 	// the one implicit transaction of the statement ($2 or $3).
 	oneTimeout1, oneTimeout2 string
+	// oneAll1/2 (unlock only): unlock one key, then drop any other
+	// session-level advisory lock of the session, in one statement (the
+	// target list is evaluated left to right).
+	oneAll1, oneAll2 string
 }
 
 var sqlText [numKinds][2]statements // [kind][shared]
@@ -70,6 +74,8 @@ func init() {
 				many2:       fmt.Sprintf("SELECT %s(a, b) FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS u(a, b, n) ORDER BY %s", fn, order),
 				oneTimeout1: fmt.Sprintf("SELECT %s($1) FROM (SELECT set_config('lock_timeout', $2, true)) AS s", fn),
 				oneTimeout2: fmt.Sprintf("SELECT %s($1, $2) FROM (SELECT set_config('lock_timeout', $3, true)) AS s", fn),
+				oneAll1:     fmt.Sprintf("SELECT %s($1), pg_advisory_unlock_all()", fn),
+				oneAll2:     fmt.Sprintf("SELECT %s($1, $2), pg_advisory_unlock_all()", fn),
 			}
 		}
 	}
@@ -120,6 +126,30 @@ func newKeySet(ks []keys.Key, max int) (keySet, error) {
 		}
 	}
 	return s, nil
+}
+
+// one returns the statement and arguments that apply kind to the single
+// key of s (len(s.all) == 1), with the timeout in the statement when set.
+// For kindUnlock it is the unlock-then-unlock-all statement.
+func (s *keySet) one(k kind, shared bool, timeout string) (string, []any) {
+	st := &sqlText[k][b2i(shared)]
+	if v, ok := s.all[0].Int64(); ok {
+		switch {
+		case k == kindUnlock:
+			return st.oneAll1, []any{v}
+		case timeout != "":
+			return st.oneTimeout1, []any{v, timeout}
+		}
+		return st.one1, []any{v}
+	}
+	a, b, _ := s.all[0].Pair()
+	switch {
+	case k == kindUnlock:
+		return st.oneAll2, []any{a, b}
+	case timeout != "":
+		return st.oneTimeout2, []any{a, b, timeout}
+	}
+	return st.one2, []any{a, b}
 }
 
 // queue adds the statements that apply kind to every key of s to b, in lock
