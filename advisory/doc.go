@@ -126,6 +126,37 @@
 // the *pgconn.PgError and, when the context ended, the context's error in
 // its chain. A callback's own error is returned unchanged.
 //
+// # Long holds and lost locks
+//
+// A session lock lives exactly as long as its connection. When the
+// connection dies (failover, pg_terminate_backend, a restart, a network
+// cut) PostgreSQL releases the lock at once and another process may take
+// it while the first still works. [Locker.Lock] handles and [Locker.Hold]
+// callbacks watch the idle holding connection: a terminated backend or a
+// closed socket is seen within milliseconds without any traffic, and a
+// bounded ping every Config.HeartbeatInterval catches a frozen server or a
+// silent partition within HeartbeatInterval + HeartbeatTimeout. The loss
+// closes Done, cancels Hold's context with cause [ErrLockLost], is logged
+// and traced, and destroys the connection. Work whose correctness needs
+// more than "stop soon" should also carry a fencing token (see package
+// lease).
+//
+// # Operating the server
+//
+//   - client_connection_check_interval (PostgreSQL 14+), e.g. 1s: a backend
+//     waiting for a lock does not read its socket, so a client that died
+//     while waiting stays queued in pg_locks, and is even granted the lock,
+//     until its turn comes. With the setting the server notices within the
+//     interval. (Waits this package cancels send a cancel request instead.)
+//   - TCP keepalives: tcp_keepalives_idle/interval/count on the server, and
+//     keepalives_idle etc. in the client's DSN, so that a holder or waiter
+//     behind a dead network path is dropped, and its locks released, in
+//     seconds rather than the kernel's default of hours.
+//   - max_locks_per_transaction sizes the lock table (see Capacity).
+//   - To find and end a stuck holder: [ListLocks] (or "pgxlock locks"),
+//     then pg_terminate_backend(pid); a holder using this package learns
+//     of the loss and stops.
+//
 // # PgBouncer
 //
 // Behind PgBouncer in transaction pooling mode a session lock belongs to
