@@ -130,6 +130,7 @@ func Markdown(res *Results) string {
 	p("- machine: %d CPUs (%s), %s memory, kernel %s\n", m.NumCPU, m.CPUModel, m.MemTotal, m.Kernel)
 	p("- load average before / after: %s / %s\n", orDash(m.LoadBefore), orDash(m.LoadAfter))
 	p("- Go %s; %s\n", m.GoVersion, m.Postgres)
+	p("- library: %s\n", orDash(m.Library))
 	p("- PostgreSQL settings: %s\n", m.PGSettings)
 	p("- Redis %s; etcd %s\n", orDash(m.Redis), orDash(m.Etcd))
 	mods := make([]string, 0, len(m.Modules))

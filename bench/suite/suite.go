@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -101,6 +102,7 @@ type Meta struct {
 	Unavailable map[string]string `json:"unavailable"`
 	Poll        string            `json:"poll_interval"`
 	Params      map[string]string `json:"params"`
+	Library     string            `json:"library"` // the repository's commit (bench builds the library from ../)
 	LoadBefore  string            `json:"loadavg_before"`
 	LoadAfter   string            `json:"loadavg_after"`
 }
@@ -226,6 +228,7 @@ func (s *Suite) prepare(ctx context.Context) error {
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.Kernel = strings.TrimSpace(string(b))
 	}
+	m.Library = libraryCommit()
 	m.Modules = map[string]string{}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, d := range bi.Deps {
@@ -255,6 +258,20 @@ func (s *Suite) prepare(ctx context.Context) error {
 	}
 	defer closePool()
 	return prepareLeases(ctx, &s.env, pool)
+}
+
+// libraryCommit describes the library the suite was built with: bench
+// replaces the module with the repository root, so it is the working tree.
+func libraryCommit() string {
+	out, err := exec.Command("git", "-C", "..", "log", "-1", "--format=%h %cI %s").Output()
+	if err != nil {
+		return ""
+	}
+	s := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "-C", "..", "status", "--porcelain", "--", "advisory", "lease", "keys", "pooltx").Output(); err == nil && len(st) > 0 {
+		s += " (with uncommitted library changes)"
+	}
+	return s
 }
 
 // loadAvg is /proc/loadavg's first three fields: other work on the machine
