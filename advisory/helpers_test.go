@@ -92,8 +92,6 @@ func (h *holder) exec(ctx context.Context, fn string, k keys.Key) {
 	require.NoError(h.t, err)
 }
 
-func (h *holder) pid() uint32 { return h.conn.Conn().PgConn().PID() }
-
 // release drops every lock of the holder's session; idempotent.
 func (h *holder) release() {
 	if h.conn == nil {

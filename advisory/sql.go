@@ -33,10 +33,6 @@ var funcNames = [numKinds]string{
 	kindUnlock:      "pg_advisory_unlock",
 }
 
-// returnsBool reports whether the family answers true/false (try, unlock)
-// rather than void.
-func (k kind) returnsBool() bool { return k == kindTryLock || k == kindTryXactLock || k == kindUnlock }
-
 // statements holds every statement text, indexed by kind, shared mode and
 // key space, for one key and for many.
 type statements struct {

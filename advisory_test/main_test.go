@@ -47,11 +47,6 @@ func pairKey(t testing.TB) keys.Key {
 	return keys.Pair(pgtest.UniqueInt32(t), pgtest.UniqueInt32(t))
 }
 
-// appName returns the application_name of a pool made by pgtest.
-func appName(pool *pgxpool.Pool) string {
-	return pool.Config().ConnConfig.RuntimeParams["application_name"]
-}
-
 // awaitLocks polls the advisory locks on ks (through q, another session) until cond
 // accepts them, and returns them; it fails the test after waitBound, showing the last
 // state seen. Polling a database state is how these tests synchronise with sessions they

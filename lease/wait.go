@@ -38,7 +38,7 @@ func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOpt
 		return nil, opError(req.op, resource, errors.Join(ErrNotAcquired, context.Cause(ctx)))
 	}
 	// Fast path: no subscription, no intent.
-	l, hint, err := m.attempt(ctx, req)
+	l, _, err := m.attempt(ctx, req)
 	if !errors.Is(err, ErrNotAcquired) {
 		return l, err
 	}
@@ -51,6 +51,7 @@ func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOpt
 		req.intent = newID()
 	}
 	for {
+		var hint time.Duration
 		l, hint, err = m.attempt(ctx, req)
 		switch {
 		case err == nil:

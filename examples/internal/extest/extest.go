@@ -134,9 +134,8 @@ type Proc struct {
 	grew  chan struct{} // closed and replaced whenever a line arrives or output ends
 	eof   bool
 
-	waitOnce sync.Once
-	waitErr  error
-	done     chan struct{} // closed when the process has exited and output is drained
+	waitErr error
+	done    chan struct{} // closed when the process has exited and output is drained
 }
 
 // Start runs bin with args and the environment env added to the test's, and kills it at
