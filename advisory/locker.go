@@ -330,11 +330,3 @@ func boolResults(falses *int) func(pgx.Rows) error {
 		return rows.Err()
 	}
 }
-
-// drain returns a row handler for void-returning statements.
-func drain(rows pgx.Rows) error {
-	defer rows.Close()
-	for rows.Next() {
-	}
-	return rows.Err()
-}

@@ -185,7 +185,7 @@ func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySe
 			_, err = c.Conn().Exec(w.ctx, sql, args...)
 		}
 	} else {
-		check := drain
+		var check func(pgx.Rows) error // void results: errors only
 		if try {
 			check = boolResults(&falses)
 		}

@@ -151,47 +151,46 @@ func (s *keySet) one(k kind, shared bool, timeout string) (string, []any) {
 // queue adds the statements that apply kind to every key of s to b, in lock
 // order. When timeout is non-empty and the whole set is one key, the
 // timeout rides in the lock statement itself; otherwise the caller queues
-// sqlSetTimeout first. Each queued statement's rows are checked by check.
+// sqlSetTimeout first. check, when not nil, reads each statement's rows
+// (one bool per key); without it the results are only checked for errors,
+// which is cheaper.
 func (s *keySet) queue(b *pgx.Batch, k kind, shared bool, timeout string, check func(pgx.Rows) error) {
-	st := &sqlText[k][b2i(shared)]
-	handle := func(q *pgx.QueuedQuery) {
-		q.Query(func(rows pgx.Rows) error { return check(rows) })
+	add := func(sql string, args ...any) {
+		q := b.Queue(sql, args...)
+		if check != nil {
+			q.Query(check)
+		}
 	}
 	if len(s.all) == 1 {
-		if v, ok := s.all[0].Int64(); ok {
-			if timeout != "" {
-				handle(b.Queue(st.oneTimeout1, v, timeout))
-			} else {
-				handle(b.Queue(st.one1, v))
+		sql, args := s.one(k, shared, timeout)
+		if k == kindUnlock {
+			sql = sqlText[k][b2i(shared)].one1
+			if _, ok := s.all[0].Int64(); !ok {
+				sql = sqlText[k][b2i(shared)].one2
 			}
-			return
 		}
-		a, bb, _ := s.all[0].Pair()
-		if timeout != "" {
-			handle(b.Queue(st.oneTimeout2, a, bb, timeout))
-		} else {
-			handle(b.Queue(st.one2, a, bb))
-		}
+		add(sql, args...)
 		return
 	}
+	st := &sqlText[k][b2i(shared)]
 	if timeout != "" {
 		b.Queue(sqlSetTimeout, timeout)
 	}
 	ints, as, bs := s.ints, s.as, s.bs
 	if k == kindUnlock { // release in reverse order: pairs first, then int8 keys
 		if len(as) > 0 {
-			handle(b.Queue(st.many2, as, bs))
+			add(st.many2, as, bs)
 		}
 		if len(ints) > 0 {
-			handle(b.Queue(st.many1, ints))
+			add(st.many1, ints)
 		}
 		return
 	}
 	if len(ints) > 0 {
-		handle(b.Queue(st.many1, ints))
+		add(st.many1, ints)
 	}
 	if len(as) > 0 {
-		handle(b.Queue(st.many2, as, bs))
+		add(st.many2, as, bs)
 	}
 }
 

@@ -3,7 +3,6 @@ package advisory
 import (
 	"context"
 	"errors"
-	"sync"
 
 	"github.com/jackc/pgx/v5"
 
@@ -78,8 +77,12 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 		return err
 	}
 	defer l.unpin(c)
-	leaveOnce := sync.OnceFunc(leave)
-	defer leaveOnce()
+	left := false
+	defer func() {
+		if !left {
+			leave()
+		}
+	}()
 
 	w := noWait(ctx)
 	if !try {
@@ -89,9 +92,18 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 	timeout := w.timeout
 
 	falses := 0
-	check := drain
+	var check func(pgx.Rows) error // void results: errors only
 	if try {
-		check = boolResults(&falses)
+		bools := boolResults(&falses)
+		check = func(rows pgx.Rows) error {
+			if err := bools(rows); err != nil {
+				return err
+			}
+			if falses > 0 {
+				return ErrNotAcquired // rolls back: every key taken goes with it
+			}
+			return nil
+		}
 	}
 	txOpts := &pooltx.TxOptions{
 		PreambleContext: w.ctx,
@@ -99,15 +111,7 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 			if timeout != "" {
 				b.Queue(sqlSaveTimeout, timeout)
 			}
-			s.queue(b, xactOp(try), shared, "", func(rows pgx.Rows) error {
-				if err := check(rows); err != nil {
-					return err
-				}
-				if falses > 0 {
-					return ErrNotAcquired // rolls back: every key taken goes with it
-				}
-				return nil
-			})
+			s.queue(b, xactOp(try), shared, "", check)
 			if timeout != "" {
 				b.Queue(sqlRestoreTimeout)
 			}
@@ -122,7 +126,8 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 	}()
 	err = c.Tx(ctx, txOpts, func(ctx context.Context, tx pgx.Tx) error {
 		w.stop()
-		leaveOnce()
+		leave()
+		left = true
 		if w.sent.Load() || ctx.Err() != nil {
 			// Granted after the caller gave up: roll back, which releases.
 			return ctx.Err()
