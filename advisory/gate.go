@@ -45,7 +45,8 @@ func (f fifo) lock(ctx context.Context) error {
 func (f fifo) unlock() { <-f }
 
 // gates holds the per-key wait queues of a Locker. An entry lives while a
-// call uses it.
+// call uses it; entries are recycled through a sync.Pool, so an
+// uncontended call allocates nothing here.
 type gates struct {
 	mu sync.Mutex
 	m  map[keys.Key]*gate
@@ -56,56 +57,86 @@ type gate struct {
 	refs int
 }
 
-// enter queues for every key of ks, in order, and returns a function that
-// leaves all the queues; it returns ctx's error, queueing for nothing, if
-// ctx ends first.
-func (g *gates) enter(ctx context.Context, ks []keys.Key) (leave func(), err error) {
-	taken := make([]*gate, 0, len(ks))
-	leave = func() {
-		for i := len(taken) - 1; i >= 0; i-- {
-			taken[i].q.unlock()
-		}
-		g.release(ks)
-	}
-	entries := g.acquire(ks)
-	for _, e := range entries {
-		if err := e.q.lock(ctx); err != nil {
-			leave()
-			return nil, err
-		}
-		taken = append(taken, e)
-	}
-	return leave, nil
+var gatePool = sync.Pool{New: func() any { return &gate{q: make(fifo, 1)} }}
+
+// ticket is a place in the queues of some keys, returned by enter and
+// given back by leave. The common single-key case needs no slice.
+type ticket struct {
+	g     *gates
+	one   *gate // the single key's gate, or nil
+	many  []*gate
+	taken int // gates locked so far, in order
+	keys  []keys.Key
 }
 
-func (g *gates) acquire(ks []keys.Key) []*gate {
+// enter queues for every key of ks, in order. It returns ctx's error,
+// queueing for nothing, if ctx ends first. leave must be called once.
+func (g *gates) enter(ctx context.Context, ks []keys.Key) (*ticket, error) {
+	t := &ticket{g: g, keys: ks}
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.m == nil {
 		g.m = make(map[keys.Key]*gate)
 	}
-	out := make([]*gate, len(ks))
-	for i, k := range ks {
-		e := g.m[k]
-		if e == nil {
-			e = &gate{q: make(fifo, 1)}
-			g.m[k] = e
+	if len(ks) == 1 {
+		t.one = g.ref(ks[0])
+	} else {
+		t.many = make([]*gate, len(ks))
+		for i, k := range ks {
+			t.many[i] = g.ref(k)
 		}
-		e.refs++
-		out[i] = e
 	}
-	return out
+	g.mu.Unlock()
+	for i := 0; i < len(ks); i++ {
+		if err := t.gate(i).q.lock(ctx); err != nil {
+			t.leave()
+			return nil, err
+		}
+		t.taken++
+	}
+	return t, nil
 }
 
-func (g *gates) release(ks []keys.Key) {
+func (t *ticket) gate(i int) *gate {
+	if t.one != nil {
+		return t.one
+	}
+	return t.many[i]
+}
+
+// leave unlocks the queues taken, in reverse order, and drops the
+// references. It is idempotent, and safe on a nil ticket (a Try call
+// queues for nothing).
+func (t *ticket) leave() {
+	if t == nil {
+		return
+	}
+	for i := t.taken - 1; i >= 0; i-- {
+		t.gate(i).q.unlock()
+	}
+	t.taken = 0
+	ks := t.keys
+	t.keys = nil // a second leave does nothing
+	g := t.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, k := range ks {
 		e := g.m[k]
 		if e.refs--; e.refs == 0 {
 			delete(g.m, k)
+			gatePool.Put(e) // its queue is empty: every lock was unlocked
 		}
 	}
+}
+
+// ref returns the gate of k with one more reference; g.mu is held.
+func (g *gates) ref(k keys.Key) *gate {
+	e := g.m[k]
+	if e == nil {
+		e = gatePool.Get().(*gate)
+		g.m[k] = e
+	}
+	e.refs++
+	return e
 }
 
 // connCap is the FIFO semaphore behind Config.MaxConns; nil means no cap.

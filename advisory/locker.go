@@ -187,27 +187,55 @@ func (l *Locker) waitBound(ctx context.Context, opts *Options, try bool) (contex
 
 // serverWait is the server-side part of one blocking wait: the context
 // to run the lock statement under, the lock_timeout to send ("" = leave the
-// server's setting alone), and whether a cancel request was sent.
+// server's setting alone), and what was done to end the wait early.
 type serverWait struct {
 	ctx     context.Context
 	timeout string
-	stopFn  func()
-	sent    atomic.Bool // a cancel request went to the server
+
+	pg        *pgconn.PgConn
+	stopWatch func() bool   // from context.AfterFunc; nil when nothing is watched
+	watched   chan struct{} // closed when the watcher has returned
+	finished  chan struct{} // closed by stop: the statement is over
+	stopped   bool          // stop has run (the caller's goroutine only)
+
+	mu   sync.Mutex // orders the watcher's backstop against stop
+	over bool       // under mu: the statement is over
+
+	sent atomic.Bool // a cancel request went to the server
+	hard atomic.Bool // the socket's deadline was cut to end the statement
 }
 
-// noWait is the serverWait of a Try call: nothing to arrange.
-func noWait(ctx context.Context) *serverWait { return &serverWait{ctx: ctx, stopFn: func() {}} }
+// noWait is the serverWait of a call that cannot be ended early (a Try
+// call, or a context that can neither be cancelled nor expire).
+func noWait(ctx context.Context) *serverWait { return &serverWait{ctx: ctx} }
 
 // stop ends the arrangement; idempotent. After it returns, no cancel
-// request is in flight from this wait.
-func (w *serverWait) stop() { w.stopFn() }
+// request is in flight from this wait and the socket is left alone.
+func (w *serverWait) stop() {
+	if w.stopWatch == nil || w.stopped {
+		return
+	}
+	w.stopped = true
+	w.mu.Lock()
+	w.over = true
+	w.mu.Unlock()
+	close(w.finished)
+	if !w.stopWatch() {
+		<-w.watched // the watcher ran or is running: wait for it to end
+	}
+}
 
-// settle marks c dirty when a cancel request was sent but the statement
-// did not end with 57014 because of it: the request may still be pending in
-// the backend, which would cancel whatever statement runs next on the
-// connection, possibly another caller's after it went back to the pool.
-// It reports whether it did.
+// settle marks c dirty when the wait was ended in a way that leaves the
+// connection in doubt: its socket deadline was cut, or a cancel request was
+// sent but the statement did not end with 57014 because of it (the request
+// may still be pending in the backend, which would cancel whatever
+// statement runs next on the connection, possibly another caller's after it
+// went back to the pool). It reports whether it did.
 func (w *serverWait) settle(c *pooltx.Conn, err error) bool {
+	if w.hard.Load() {
+		c.MarkDirty(errors.New("advisory: lock wait cut short on the client"))
+		return true
+	}
 	if !w.sent.Load() {
 		return false
 	}
@@ -222,9 +250,9 @@ func (w *serverWait) settle(c *pooltx.Conn, err error) bool {
 // waitFor prepares the server-side part of a blocking wait bounded by wctx,
 // on the connection pg.
 //
-// The statement's context is detached from wctx, so that pgx's context
-// handling (which, by default, closes the socket) does not see wctx end
-// first. Instead:
+// The statement runs under a context that cannot end (pgx then does not
+// watch it, and its context handling, which by default closes the socket,
+// never fires). Instead:
 //
 //   - wctx's deadline becomes a server-side lock_timeout, so that a wait
 //     that times out ends with 55P03 and keeps its connection;
@@ -232,71 +260,75 @@ func (w *serverWait) settle(c *pooltx.Conn, err error) bool {
 //     which ends the wait server-side with 57014 at once. Merely closing
 //     the socket would leave the backend queued in pg_locks (it does not
 //     read its socket while it waits) until the lock is granted to it;
-//   - if neither answers within deadlineGrace, the statement's context is
-//     cancelled after all and pgx closes the connection.
+//   - if neither answers within deadlineGrace, the socket's deadline is
+//     cut: the statement fails, pgx closes the connection, and it is
+//     destroyed.
 func (l *Locker) waitFor(wctx context.Context, pg *pgconn.PgConn) *serverWait {
 	deadline, hasDeadline := wctx.Deadline()
 	if !hasDeadline && wctx.Done() == nil {
 		return noWait(wctx) // cannot end: nothing to arrange
 	}
-	w := &serverWait{}
+	w := &serverWait{
+		ctx:      context.WithoutCancel(wctx),
+		pg:       pg,
+		watched:  make(chan struct{}),
+		finished: make(chan struct{}),
+	}
 	if hasDeadline {
 		w.timeout = formatTimeout(time.Until(deadline))
 	}
-	qctx, cancel := context.WithCancelCause(context.WithoutCancel(wctx))
-	w.ctx = qctx
-	watched := make(chan struct{})
-	stopWatch := context.AfterFunc(wctx, func() {
-		defer close(watched)
+	w.stopWatch = context.AfterFunc(wctx, w.watch(wctx))
+	return w
+}
+
+// watch returns what runs when wctx ends while the statement is on.
+func (w *serverWait) watch(wctx context.Context) func() {
+	return func() {
+		defer close(w.watched)
 		t := time.NewTimer(deadlineGrace)
 		defer t.Stop()
 		if !errors.Is(wctx.Err(), context.DeadlineExceeded) {
 			w.sent.Store(true)
-			cctx, ccancel := context.WithTimeout(context.Background(), deadlineGrace)
-			_ = pg.CancelRequest(cctx) // best effort: the timer below is the backstop
-			ccancel()
+			cctx, cancel := context.WithTimeout(context.Background(), deadlineGrace)
+			_ = w.pg.CancelRequest(cctx) // best effort: the timer below is the backstop
+			cancel()
 		}
 		select {
 		case <-t.C:
-			cancel(context.Cause(wctx))
-		case <-qctx.Done():
+		case <-w.finished:
+			return
 		}
-	})
-	var once sync.Once
-	w.stopFn = func() {
-		once.Do(func() {
-			cancel(context.Canceled)
-			if !stopWatch() {
-				<-watched // the watcher ran or is running: wait for it to end
-			}
-		})
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if !w.over {
+			w.hard.Store(true)
+			_ = w.pg.Conn().SetDeadline(time.Now())
+		}
 	}
-	return w
 }
 
 // pin waits for the call's turn and a pooled connection: in the key queues
 // (blocking calls only), then under the MaxConns cap, then in the pool,
-// all bounded by wctx. leave must be called once the lock statement is
-// done, to let the next local waiter go to the server; unpin releases the
-// connection.
-func (l *Locker) pin(wctx context.Context, s *keySet, try bool) (c *pooltx.Conn, leave func(), err error) {
-	leave = func() {}
+// all bounded by wctx. The ticket must be left (t.leave()) once the lock
+// statement is done, to let the next local waiter go to the server; unpin
+// releases the connection.
+func (l *Locker) pin(wctx context.Context, s *keySet, try bool) (c *pooltx.Conn, t *ticket, err error) {
 	if !try {
-		if leave, err = l.gates.enter(wctx, s.all); err != nil {
+		if t, err = l.gates.enter(wctx, s.all); err != nil {
 			return nil, nil, err
 		}
 	}
 	if err := l.conns.acquire(wctx); err != nil {
-		leave()
+		t.leave()
 		return nil, nil, err
 	}
 	c, err = pooltx.Acquire(wctx, l.pool, l.connOptions())
 	if err != nil {
 		l.conns.release()
-		leave()
+		t.leave()
 		return nil, nil, err
 	}
-	return c, leave, nil
+	return c, t, nil
 }
 
 // unpin releases (or destroys, when dirty) a connection taken by pin.

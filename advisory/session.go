@@ -3,6 +3,7 @@ package advisory
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -143,11 +144,11 @@ func (l *Locker) acquireSession(ctx context.Context, ks []keys.Key, opts *Option
 func (l *Locker) acquireSessionTraced(ctx context.Context, s *keySet, op string, shared, try bool, opts *Options) (*acquired, error) {
 	wctx, stop := l.waitBound(ctx, opts, try)
 	defer stop()
-	c, leave, err := l.pin(wctx, s, try)
+	c, t, err := l.pin(wctx, s, try)
 	if err != nil {
 		return nil, &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 	}
-	defer leave()
+	defer t.leave()
 	if err := l.checkProxy(ctx, c, op, s.all); err != nil {
 		l.unpin(c)
 		return nil, err
@@ -196,8 +197,8 @@ func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySe
 	w.stop() // no cancel request in flight from here on
 	if w.settle(c, err) {
 		// c will be destroyed, which releases whatever it holds.
-		if err == nil {
-			err = ctx.Err()
+		if err == nil { // granted, but the wait had been given up
+			err = context.Cause(wctx)
 		}
 		return &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 	}
@@ -230,7 +231,7 @@ func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 		c.MarkDirty(errors.New("advisory: connection closed during lock"))
 		return
 	}
-	cctx, cancel := pooltx.CleanupContext(ctx, c.CleanupTimeout())
+	cctx, cancel := cleanupBound(ctx, c)
 	defer cancel()
 	if _, err := c.Conn().Exec(cctx, sqlUnlockAll); err != nil {
 		c.MarkDirty(&pooltx.CleanupError{Step: "unlock", Err: err})
@@ -242,7 +243,7 @@ func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 // a fresh bounded context. A false unlock (the lock was not held) or a
 // failure marks c dirty.
 func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, shared bool) error {
-	cctx, cancel := pooltx.CleanupContext(ctx, c.CleanupTimeout())
+	cctx, cancel := cleanupBound(ctx, c)
 	defer cancel()
 	falses := 0
 	var err error
@@ -270,4 +271,16 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, s
 		return &LockError{Op: op, Keys: s.all, Err: ErrNotHeld}
 	}
 	return nil
+}
+
+// cleanupBound bounds the statements run on c until the returned function
+// is called: by a deadline on its socket, Config.CleanupTimeout from now,
+// under a context that keeps ctx's values but cannot be cancelled. It is
+// pooltx.CleanupContext's contract at a lower price: pgx does not watch a
+// context that cannot end. A statement cut short by the deadline fails,
+// and pgx closes the connection.
+func cleanupBound(ctx context.Context, c *pooltx.Conn) (context.Context, func()) {
+	nc := c.Conn().PgConn().Conn()
+	_ = nc.SetDeadline(time.Now().Add(c.CleanupTimeout()))
+	return context.WithoutCancel(ctx), func() { _ = nc.SetDeadline(time.Time{}) }
 }

@@ -70,19 +70,14 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 	sp := l.startSpan(ctx, ScopeXact, s.all, shared, try)
 	wctx, stopBound := l.waitBound(ctx, opts, try)
 	defer stopBound()
-	c, leave, err := l.pin(wctx, &s, try)
+	c, t, err := l.pin(wctx, &s, try)
 	if err != nil {
 		err = &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 		sp.acquired(err)
 		return err
 	}
 	defer l.unpin(c)
-	left := false
-	defer func() {
-		if !left {
-			leave()
-		}
-	}()
+	defer t.leave() // idempotent: a second leave finds nothing taken
 
 	w := noWait(ctx)
 	if !try {
@@ -126,11 +121,13 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 	}()
 	err = c.Tx(ctx, txOpts, func(ctx context.Context, tx pgx.Tx) error {
 		w.stop()
-		leave()
-		left = true
-		if w.sent.Load() || ctx.Err() != nil {
-			// Granted after the caller gave up: roll back, which releases.
-			return ctx.Err()
+		t.leave()
+		if w.sent.Load() || w.hard.Load() || ctx.Err() != nil {
+			// Granted after the wait was given up: roll back, which releases.
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			return context.Cause(wctx) // the call's timeout; wctx has ended
 		}
 		sp.acquired(nil)
 		inFn = true
