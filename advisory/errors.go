@@ -60,6 +60,8 @@ type LockError struct {
 	Err error
 }
 
+// Error renders "advisory: <op> <keys>: <cause>"; keys print as numbers and
+// namespace names, never as a hashed source string.
 func (e *LockError) Error() string {
 	var b strings.Builder
 	b.WriteString("advisory: ")

@@ -46,6 +46,7 @@ type Error struct {
 	Err      error
 }
 
+// Error renders "lease: <op> <resource>: <cause>".
 func (e *Error) Error() string {
 	// The sentinels already carry the "lease: " prefix; do not print it twice.
 	msg := "<nil>"

@@ -11,6 +11,7 @@ type CleanupError struct {
 	Err  error
 }
 
+// Error renders "pooltx: <step>: <cause>".
 func (e *CleanupError) Error() string {
 	return fmt.Sprintf("pooltx: %s: %v", e.Step, e.Err)
 }
