@@ -46,7 +46,8 @@ type Error struct {
 	Err      error
 }
 
-// Error renders "lease: <op> <resource>: <cause>".
+// Error renders "lease: <op> \"<resource>\": <cause>" (without the resource for
+// table-wide operations).
 func (e *Error) Error() string {
 	// The sentinels already carry the "lease: " prefix; do not print it twice.
 	msg := "<nil>"
