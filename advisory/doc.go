@@ -141,6 +141,11 @@
 // more than "stop soon" should also carry a fencing token (see package
 // lease).
 //
+// A pooled connection whose server went away while it sat idle (a
+// restart, a failover) is only found dead when used. A lock call that draws
+// one, and finds it closed before anything was locked, retries once on a
+// fresh connection within the same timeout: a dead session holds nothing.
+//
 // # Operating the server
 //
 //   - client_connection_check_interval (PostgreSQL 14+), e.g. 1s: a backend

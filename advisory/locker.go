@@ -331,8 +331,26 @@ func (l *Locker) pin(wctx context.Context, s *keySet, try bool) (c *pooltx.Conn,
 	return c, t, nil
 }
 
+// repin gives up c (destroying it when closed or dirty) and takes another
+// connection under the same place in the key queues.
+func (l *Locker) repin(wctx context.Context, c *pooltx.Conn) (*pooltx.Conn, error) {
+	l.unpin(c)
+	if err := l.conns.acquire(wctx); err != nil {
+		return nil, err
+	}
+	c, err := pooltx.Acquire(wctx, l.pool, l.connOptions())
+	if err != nil {
+		l.conns.release()
+		return nil, err
+	}
+	return c, nil
+}
+
 // unpin releases (or destroys, when dirty) a connection taken by pin.
 func (l *Locker) unpin(c *pooltx.Conn) {
+	if c == nil {
+		return
+	}
 	c.Release()
 	l.conns.release()
 }

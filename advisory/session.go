@@ -149,15 +149,32 @@ func (l *Locker) acquireSessionTraced(ctx context.Context, s *keySet, op string,
 		return nil, &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 	}
 	defer t.leave()
-	if err := l.checkProxy(ctx, c, op, s.all); err != nil {
-		l.unpin(c)
-		return nil, err
+	for retried := false; ; retried = true {
+		err = l.checkProxy(ctx, c, op, s.all)
+		if err == nil {
+			err = l.lockSession(ctx, wctx, c, s, op, shared, try)
+		}
+		if err == nil {
+			return &acquired{c: c, s: *s, shared: shared, op: op}, nil
+		}
+		if retried || !diedIdle(ctx, wctx, c) {
+			l.unpin(c)
+			return nil, err
+		}
+		if c, err = l.repin(wctx, c); err != nil {
+			return nil, &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
+		}
 	}
-	if err := l.lockSession(ctx, wctx, c, s, op, shared, try); err != nil {
-		l.unpin(c)
-		return nil, err
-	}
-	return &acquired{c: c, s: *s, shared: shared, op: op}, nil
+}
+
+// diedIdle reports whether c was found dead by a call whose contexts are
+// still live: typically a pooled connection whose server went away while it
+// sat idle (a restart, a failover, pg_terminate_backend), which pgxpool
+// does not check before handing it out unless it was idle for a second. A
+// dead session holds no lock, so such a call is retried once on a fresh
+// connection instead of failing.
+func diedIdle(ctx, wctx context.Context, c *pooltx.Conn) bool {
+	return c.Conn().IsClosed() && ctx.Err() == nil && wctx.Err() == nil
 }
 
 // lockSession takes the keys of s at session level on c; wctx bounds the

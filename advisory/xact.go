@@ -76,19 +76,62 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 		sp.acquired(err)
 		return err
 	}
-	defer l.unpin(c)
+	defer func() { l.unpin(c) }()
 	defer t.leave() // idempotent: a second leave finds nothing taken
 
+	for retried := false; ; retried = true {
+		x := xactAttempt{l: l, ctx: ctx, wctx: wctx, c: c, t: t, s: &s, op: op, shared: shared, try: try, sp: sp}
+		err = x.run(fn)
+		if x.inFn {
+			sp.released(nil)
+			return err // fn's or COMMIT's error, unchanged
+		}
+		if err == nil {
+			return nil // unreachable: fn ran unless the preamble failed
+		}
+		if retried || !diedIdle(ctx, wctx, c) {
+			sp.acquired(err)
+			return err
+		}
+		// The pooled connection was dead before we used it: nothing was
+		// begun or locked. Once more, on a fresh one.
+		if c, err = l.repin(wctx, c); err != nil {
+			err = &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
+			sp.acquired(err)
+			return err
+		}
+	}
+}
+
+// xactAttempt is one try of a transaction-scope call on one connection.
+type xactAttempt struct {
+	l         *Locker
+	ctx, wctx context.Context
+	c         *pooltx.Conn
+	t         *ticket
+	s         *keySet
+	op        string
+	shared    bool
+	try       bool
+	sp        *span
+	inFn      bool // fn was called: the lock was acquired
+}
+
+// run begins, locks and, when the locks were granted in time, runs fn and
+// commits. Errors before fn are *LockError; fn's and COMMIT's are returned
+// unchanged.
+func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
+	ctx, wctx, c, t := x.ctx, x.wctx, x.c, x.t
 	w := noWait(ctx)
-	if !try {
-		w = l.waitFor(wctx, c.Conn().PgConn())
+	if !x.try {
+		w = x.l.waitFor(wctx, c.Conn().PgConn())
 	}
 	defer w.stop()
 	timeout := w.timeout
 
 	falses := 0
 	var check func(pgx.Rows) error // void results: errors only
-	if try {
+	if x.try {
 		bools := boolResults(&falses)
 		check = func(rows pgx.Rows) error {
 			if err := bools(rows); err != nil {
@@ -106,20 +149,20 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 			if timeout != "" {
 				b.Queue(sqlSaveTimeout, timeout)
 			}
-			s.queue(b, xactOp(try), shared, "", check)
+			x.s.queue(b, xactOp(x.try), x.shared, "", check)
 			if timeout != "" {
 				b.Queue(sqlRestoreTimeout)
 			}
 		},
 	}
 
-	inFn, returned := false, false
+	returned := false
 	defer func() {
-		if inFn && !returned { // fn panicked: the connection was destroyed
-			sp.released(errors.New("callback panicked; connection destroyed"))
+		if x.inFn && !returned { // fn panicked: the connection was destroyed
+			x.sp.released(errors.New("callback panicked; connection destroyed"))
 		}
 	}()
-	err = c.Tx(ctx, txOpts, func(ctx context.Context, tx pgx.Tx) error {
+	err := c.Tx(ctx, txOpts, func(ctx context.Context, tx pgx.Tx) error {
 		w.stop()
 		t.leave()
 		if w.sent.Load() || w.hard.Load() || ctx.Err() != nil {
@@ -129,27 +172,18 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 			}
 			return context.Cause(wctx) // the call's timeout; wctx has ended
 		}
-		sp.acquired(nil)
-		inFn = true
+		x.sp.acquired(nil)
+		x.inFn = true
 		return fn(ctx, tx)
 	})
 	returned = true
-	if !inFn {
-		w.stop()
-		w.settle(c, err) // a pending cancel request makes c unfit for the pool
+	if x.inFn || err == nil {
+		return err
 	}
-	if inFn {
-		sp.released(nil)
-		return err // fn's or COMMIT's error, unchanged
-	}
-	if err == nil {
-		return nil // unreachable: fn ran unless the preamble failed
-	}
+	w.stop()
+	w.settle(c, err) // a pending cancel request makes c unfit for the pool
 	if falses > 0 {
-		err = &LockError{Op: op, Keys: s.all, Err: join(ErrNotAcquired, ctx.Err())}
-	} else {
-		err = &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
+		return &LockError{Op: x.op, Keys: x.s.all, Err: join(ErrNotAcquired, ctx.Err())}
 	}
-	sp.acquired(err)
-	return err
+	return &LockError{Op: x.op, Keys: x.s.all, Err: classify(ctx, err)}
 }

@@ -1,0 +1,64 @@
+package advisory_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlock/pgxlock/advisory"
+	"github.com/pgxlock/pgxlock/internal/pgtest"
+)
+
+// killIdle terminates every backend of pool's application_name and waits
+// until they are gone; the pool's idle connections are then dead without
+// knowing it.
+func killIdle(ctx context.Context, t *testing.T, pool, admin *pgxpool.Pool) {
+	t.Helper()
+	app := pool.Config().ConnConfig.RuntimeParams["application_name"]
+	var n int
+	require.NoError(t, admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid, 5000))
+		FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n))
+	require.Positive(t, n)
+}
+
+// Regression: after a restart or a terminate, the first call that drew a
+// dead idle connection from the pool failed with 57P01. A dead session holds
+// no lock, so the call now retries once on a fresh connection.
+func TestDeadIdleConnectionIsRetriedOnce(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.Pool(t)
+	admin := pgtest.Pool(t)
+	l := newLocker(t, pool, advisory.Config{})
+	k := key(t)
+	p := newProbe(t)
+
+	warm := func() {
+		require.NoError(t, l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil }))
+		require.EqualValues(t, 1, pool.Stat().IdleConns())
+	}
+
+	warm()
+	killIdle(ctx, t, pool, admin)
+	require.NoError(t, l.WithLock(ctx, k, nil, func(ctx context.Context, _ *pgx.Conn) error {
+		assert.False(t, p.free(ctx, k, false))
+		return nil
+	}), "session call on a dead idle connection")
+
+	warm()
+	killIdle(ctx, t, pool, admin)
+	require.NoError(t, l.WithXactLock(ctx, k, nil, func(ctx context.Context, _ pgx.Tx) error {
+		assert.False(t, p.free(ctx, k, false))
+		return nil
+	}), "transaction call on a dead idle connection")
+
+	warm()
+	killIdle(ctx, t, pool, admin)
+	h, err := l.TryLock(ctx, k, nil)
+	require.NoError(t, err, "handle on a dead idle connection")
+	require.NoError(t, h.Unlock(ctx))
+	assert.EqualValues(t, 0, pool.Stat().AcquiredConns())
+}
