@@ -118,9 +118,8 @@ type Locker struct {
 	gates gates   // per-key local wait queues
 	conns connCap // Config.MaxConns; nil: no cap
 
-	proxyMu      sync.Mutex
-	proxyChecked bool // a proxy check has succeeded
-	proxied      bool // and found a proxy
+	proxyMu    sync.Mutex   // serialises the one proxy check
+	proxyState atomic.Int32 // 0 unchecked, 1 direct, 2 proxied: read without proxyMu
 }
 
 // New returns a Locker over pool. It returns ErrInvalid for a nil pool or a

@@ -37,20 +37,33 @@ func (l *Locker) checkProxy(ctx context.Context, c *pooltx.Conn, op string, ks [
 	if l.cfg.AllowProxy {
 		return nil
 	}
-	l.proxyMu.Lock()
-	defer l.proxyMu.Unlock()
-	if !l.proxyChecked {
-		proxied, err := DetectProxy(ctx, c.Conn())
-		if err != nil {
-			return &LockError{Op: op, Keys: ks, Err: classify(ctx, err)}
+	state := l.proxyState.Load() // fast path: every call after the first
+	if state == proxyUnchecked {
+		l.proxyMu.Lock()
+		if state = l.proxyState.Load(); state == proxyUnchecked {
+			proxied, err := DetectProxy(ctx, c.Conn())
+			if err != nil {
+				l.proxyMu.Unlock()
+				return &LockError{Op: op, Keys: ks, Err: classify(ctx, err)}
+			}
+			state = proxyDirect
+			if proxied {
+				state = proxyFound
+				l.log.WarnContext(ctx, "advisory: connection proxy detected; session locks refused", "op", op, "keys", keyStrings(ks))
+			}
+			l.proxyState.Store(state)
 		}
-		l.proxyChecked, l.proxied = true, proxied
-		if proxied {
-			l.log.WarnContext(ctx, "advisory: connection proxy detected; session locks refused", "op", op, "keys", keyStrings(ks))
-		}
+		l.proxyMu.Unlock()
 	}
-	if l.proxied {
+	if state == proxyFound {
 		return &LockError{Op: op, Keys: ks, Err: ErrProxy}
 	}
 	return nil
 }
+
+// Values of Locker.proxyState.
+const (
+	proxyUnchecked int32 = iota
+	proxyDirect
+	proxyFound
+)
