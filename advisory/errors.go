@@ -46,6 +46,14 @@ var (
 	// Config.MaxKeys, a nil pool or callback, a negative setting). No SQL
 	// was sent.
 	ErrInvalid = errors.New("advisory: invalid input")
+
+	// ErrNoConnection: the call could not get a connection to lock on: the
+	// pool or Config.MaxConns was exhausted past the call's bound, or the
+	// server could not be reached or did not answer while connecting. No
+	// lock was waited for and nothing is held. It is never ErrLockTimeout:
+	// a lock timeout means the key was busy, this means the database was
+	// not reachable in time.
+	ErrNoConnection = errors.New("advisory: no connection")
 )
 
 // LockError is the typed error of every failed call: which operation, on
