@@ -94,8 +94,11 @@
 //
 // Of the goroutines of one Locker that wait for the same key, only the first
 // waits on the server, pinning a connection; the others queue in process,
-// in arrival order, without one (see Config.MaxConns for a hard cap). The
-// timeout bounds the whole wait, queue included.
+// in arrival order, without one (see Config.MaxConns for a hard cap). A
+// multi-key call queues this way for its first key only (in keys.Compare
+// order), and a shared multi-key call not at all, so a call never waits in
+// process for a key PostgreSQL would grant it. The timeout bounds the whole
+// wait, queue included.
 //
 // # Deadlocks
 //
@@ -106,7 +109,13 @@
 // keys.Compare and take them in that order in one round trip, so callers
 // that pass all the keys of a critical section to one call never deadlock
 // each other. Taking keys one call at a time, nested, gives up that
-// guarantee.
+// guarantee, and worse: every call uses its own connection, so a holder
+// that asks for a key held by a goroutine which is waiting for the holder's
+// key closes a cycle through the client that PostgreSQL cannot see. Such
+// nested calls across connections are never reported as a deadlock (40P01):
+// they end at their timeout, or wait for ever without one. A wait in a
+// Locker's local queue (see Timeouts) is likewise invisible to PostgreSQL's
+// deadlock detector.
 //
 // # Capacity
 //

@@ -11,17 +11,41 @@ import (
 // one holding a lock, so N goroutines waiting for one busy key would take N
 // connections from the application's pool. Two mechanisms bound that:
 //
-//   - a local wait queue per key: of the goroutines of one Locker that wait
-//     for a key, only the first in line waits on the server (pinning a
-//     connection); the others wait in process, without a connection, in
-//     FIFO order, and move up one at a time. Waiting calls for several keys
-//     queue for each of them in the keys' total order, so queues cannot
-//     deadlock each other;
+//   - a local wait queue per key. Its invariant, in one sentence: a call
+//     waits in process only behind an earlier call of the same Locker that
+//     is on its way to the server for the same key, waits there for it, or
+//     holds it exclusively, and never while its own connection holds a lock;
+//     so it waits in process only where PostgreSQL would make it wait too
+//     (TestLocalQueueWaitsOnlyWherePostgresWould). Of the goroutines of one
+//     Locker that wait for a key, only the first in line waits on the
+//     server (pinning a connection); the others wait in process, without a
+//     connection, in FIFO order, and move up one at a time;
 //   - Config.MaxConns, a FIFO cap on the connections the Locker pins at
 //     once, holders and waiters together.
 //
-// Try calls never wait, so they skip the key queues (they still count
-// against MaxConns).
+// Which calls queue, and for what: a blocking call queues for the first of
+// its keys (in keys.Compare order, the order the locks are taken) before it
+// pins a connection, and leaves the queue as soon as its lock statement is
+// over. Its connection holds nothing while it queues. While it is in the
+// queue ahead of others, it is either on its way to the server, or waiting
+// there for that first key (whoever holds it then holds it in a mode that
+// conflicts with the waiter, so PostgreSQL queues later requests too), or,
+// for an exclusive multi-key call, holding the first key exclusively while
+// it waits for a later one. A shared multi-key call does not queue at all:
+// holding its first key in shared mode, it would make later shared callers
+// wait locally for a key PostgreSQL would grant them. Queueing for the
+// first key only (not for every key, as before) is what lets a call for a
+// later key, free on the server, go through at once.
+//
+// A wait in process is invisible to PostgreSQL's deadlock detector. That
+// costs nothing for the calls above (none of them would be granted by the
+// server either), but a cycle that passes through the client (a holder
+// asking, on another connection, for a key held by a goroutine that waits
+// for the holder's key) is never seen by PostgreSQL whatever the queues do:
+// such nested calls end at their timeout, never with 40P01.
+//
+// Try calls never wait, so they skip the queues (they still count against
+// MaxConns).
 
 // fifo is a mutex whose waiters are served in arrival order and can give
 // up with their context. A buffered channel of one is exactly that: Go
@@ -59,72 +83,50 @@ type gate struct {
 
 var gatePool = sync.Pool{New: func() any { return &gate{q: make(fifo, 1)} }}
 
-// ticket is a place in the queues of some keys, returned by enter and
-// given back by leave. The common single-key case needs no slice.
+// ticket is a place in the queue of one key, returned by enter and given
+// back by leave.
 type ticket struct {
 	g     *gates
-	one   *gate // the single key's gate, or nil
-	many  []*gate
-	taken int // gates locked so far, in order
-	keys  []keys.Key
+	e     *gate
+	key   keys.Key
+	taken bool // e's queue is locked by this ticket
 }
 
-// enter queues for every key of ks, in order. It returns ctx's error,
-// queueing for nothing, if ctx ends first. leave must be called once.
-func (g *gates) enter(ctx context.Context, ks []keys.Key) (*ticket, error) {
-	t := &ticket{g: g, keys: ks}
+// enter queues for k. It returns ctx's error, queueing for nothing, if ctx
+// ends first. leave must be called once the wait is over.
+func (g *gates) enter(ctx context.Context, k keys.Key) (*ticket, error) {
 	g.mu.Lock()
 	if g.m == nil {
 		g.m = make(map[keys.Key]*gate)
 	}
-	if len(ks) == 1 {
-		t.one = g.ref(ks[0])
-	} else {
-		t.many = make([]*gate, len(ks))
-		for i, k := range ks {
-			t.many[i] = g.ref(k)
-		}
-	}
+	t := &ticket{g: g, e: g.ref(k), key: k}
 	g.mu.Unlock()
-	for i := 0; i < len(ks); i++ {
-		if err := t.gate(i).q.lock(ctx); err != nil {
-			t.leave()
-			return nil, err
-		}
-		t.taken++
+	if err := t.e.q.lock(ctx); err != nil {
+		t.leave()
+		return nil, err
 	}
+	t.taken = true
 	return t, nil
 }
 
-func (t *ticket) gate(i int) *gate {
-	if t.one != nil {
-		return t.one
-	}
-	return t.many[i]
-}
-
-// leave unlocks the queues taken, in reverse order, and drops the
-// references. It is idempotent, and safe on a nil ticket (a Try call
-// queues for nothing).
+// leave unlocks the queue and drops the reference. It is idempotent, and
+// safe on a nil ticket (a call that does not queue has none).
 func (t *ticket) leave() {
-	if t == nil {
+	if t == nil || t.e == nil {
 		return
 	}
-	for i := t.taken - 1; i >= 0; i-- {
-		t.gate(i).q.unlock()
+	if t.taken {
+		t.e.q.unlock()
+		t.taken = false
 	}
-	t.taken = 0
-	ks := t.keys
-	t.keys = nil // a second leave does nothing
+	e := t.e
+	t.e = nil // a second leave does nothing
 	g := t.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for _, k := range ks {
-		e := g.m[k]
-		if e.refs--; e.refs == 0 {
-			delete(g.m, k)
-			gatePool.Put(e) // its queue is empty: every lock was unlocked
-		}
+	if e.refs--; e.refs == 0 {
+		delete(g.m, t.key)
+		gatePool.Put(e) // its queue is empty: every lock was unlocked
 	}
 }
 

@@ -143,3 +143,79 @@ func TestMaxConnsCapsPinnedConnections(t *testing.T) {
 	require.NoError(t, c.Unlock(ctx))
 	assert.EqualValues(t, 0, pool.Stat().AcquiredConns())
 }
+
+// The invariant of the local queue (gate.go): a call waits in process only
+// where PostgreSQL would make it wait too. Each case below is one where the
+// server grants at once; the call has a generous timeout, so a local wait
+// shows up as ErrLockTimeout rather than as a hang. Regression (issue 10
+// item 1): a multi-key call took the queue of every key before its lock
+// statement ran, and kept them while the server made it wait for the first.
+func TestLocalQueueWaitsOnlyWherePostgresWould(t *testing.T) {
+	ctx := testCtx(t)
+	bound := &advisory.Options{Timeout: 5 * time.Second}
+	noop := func(context.Context, *pgx.Conn) error { return nil }
+	sorted := func() (keys.Key, keys.Key) {
+		ks := keys.Normalize([]keys.Key{key(t), key(t)})
+		return ks[0], ks[1]
+	}
+
+	t.Run("a later key of a multi-key call that waits for its first", func(t *testing.T) {
+		pool := pgtest.Pool(t)
+		l := newLocker(t, pool, advisory.Config{})
+		p := newProbe(t)
+		k1, k2 := sorted()
+		a, err := l.Lock(ctx, k1, nil)
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- l.WithLockAll(ctx, []keys.Key{k1, k2}, nil, noop) }()
+		awaitWaiting(ctx, t, p.pool, k1, 1)
+
+		// k2 is free on the server: plain SQL would get it at once.
+		require.NoError(t, l.WithLock(ctx, k2, bound, noop), "the holder of k1 asks for k2, free on the server")
+		require.NoError(t, a.Unlock(ctx))
+		require.NoError(t, <-done)
+	})
+
+	t.Run("the first key of a shared multi-key call that waits for a later one", func(t *testing.T) {
+		pool := pgtest.Pool(t)
+		l := newLocker(t, pool, advisory.Config{})
+		p := newProbe(t)
+		k1, k2 := sorted()
+		x := hold(ctx, t, false, k2)
+		shared := &advisory.Options{Shared: true}
+		done := make(chan error, 1)
+		go func() { done <- l.WithLockAll(ctx, []keys.Key{k1, k2}, shared, noop) }()
+		awaitWaiting(ctx, t, p.pool, k2, 1) // it holds k1 shared, waits for k2
+
+		require.NoError(t, l.WithLock(ctx, k1, &advisory.Options{Shared: true, Timeout: bound.Timeout}, noop),
+			"a shared lock of k1, held only in shared mode")
+		x.release()
+		require.NoError(t, <-done)
+	})
+
+	// What the queue is for holds for multi-key calls too: exclusive calls
+	// waiting for the same first key pin one connection between them.
+	t.Run("exclusive multi-key waiters still pin one connection", func(t *testing.T) {
+		cfg := pgtest.Config(t)
+		cfg.MaxConns = 10
+		pool := pgtest.NewPool(t, cfg)
+		l := newLocker(t, pool, advisory.Config{})
+		p := newProbe(t)
+		k1, k2 := sorted()
+		x := hold(ctx, t, false, k1)
+		const n = 16
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() { assert.NoError(t, l.WithLockAll(ctx, []keys.Key{k1, k2}, nil, noop)) })
+		}
+		awaitWaiting(ctx, t, p.pool, k1, 1)
+		require.Eventually(t, func() bool { return pool.Stat().AcquiredConns() == 1 }, 5*time.Second, time.Millisecond)
+		var waiting int
+		require.NoError(t, p.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype='advisory' AND NOT granted AND pid IN
+			(SELECT pid FROM pg_stat_activity WHERE application_name = $1)`, cfg.ConnConfig.RuntimeParams["application_name"]).Scan(&waiting))
+		assert.Equal(t, 1, waiting, "one waiter on the server for all the calls")
+		x.release()
+		wg.Wait()
+		assert.EqualValues(t, 0, pool.Stat().AcquiredConns())
+	})
+}

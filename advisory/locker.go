@@ -77,7 +77,8 @@ type Config struct {
 	// (FIFO, bounded by their timeout and context). Zero means no cap
 	// beyond the pool's own size. Independently of it, the goroutines of
 	// one Locker that wait for the same key pin one connection between
-	// them: the others queue in process.
+	// them: the others queue in process (multi-key calls queue for their
+	// first key only, shared multi-key calls not at all).
 	MaxConns int
 
 	// Tracer, when set, receives acquisition events; if it also implements
@@ -306,14 +307,14 @@ func (w *serverWait) watch(wctx context.Context) func() {
 	}
 }
 
-// pin waits for the call's turn and a pooled connection: in the key queues
-// (blocking calls only), then under the MaxConns cap, then in the pool,
-// all bounded by wctx. The ticket must be left (t.leave()) once the lock
-// statement is done, to let the next local waiter go to the server; unpin
-// releases the connection.
-func (l *Locker) pin(wctx context.Context, s *keySet, try bool) (c *pooltx.Conn, t *ticket, err error) {
-	if !try {
-		if t, err = l.gates.enter(wctx, s.all); err != nil {
+// pin waits for the call's turn and a pooled connection: in the local
+// queue of the call's first key (blocking calls that queue, see gate.go),
+// then under the MaxConns cap, then in the pool, all bounded by wctx. The
+// ticket must be left (t.leave()) once the lock statement is done, to let
+// the next local waiter go to the server; unpin releases the connection.
+func (l *Locker) pin(wctx context.Context, s *keySet, shared, try bool) (c *pooltx.Conn, t *ticket, err error) {
+	if queues(s, shared, try) {
+		if t, err = l.gates.enter(wctx, s.all[0]); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -328,6 +329,12 @@ func (l *Locker) pin(wctx context.Context, s *keySet, try bool) (c *pooltx.Conn,
 		return nil, nil, err
 	}
 	return c, t, nil
+}
+
+// queues reports whether a call queues in process for its first key: a
+// blocking call for one key, or for several in exclusive mode (see gate.go).
+func queues(s *keySet, shared, try bool) bool {
+	return !try && (len(s.all) == 1 || !shared)
 }
 
 // repin gives up c (destroying it when closed or dirty) and takes another

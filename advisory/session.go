@@ -144,7 +144,7 @@ func (l *Locker) acquireSession(ctx context.Context, ks []keys.Key, opts *Option
 func (l *Locker) acquireSessionTraced(ctx context.Context, s *keySet, op string, shared, try bool, opts *Options) (*acquired, error) {
 	wctx, stop := l.waitBound(ctx, opts, try)
 	defer stop()
-	c, t, err := l.pin(wctx, s, try)
+	c, t, err := l.pin(wctx, s, shared, try)
 	if err != nil {
 		return nil, &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 	}

@@ -70,7 +70,7 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 	sp := l.startSpan(ctx, ScopeXact, s.all, shared, try)
 	wctx, stopBound := l.waitBound(ctx, opts, try)
 	defer stopBound()
-	c, t, err := l.pin(wctx, &s, try)
+	c, t, err := l.pin(wctx, &s, shared, try)
 	if err != nil {
 		err = &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 		sp.acquired(err)
