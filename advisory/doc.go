@@ -80,7 +80,11 @@
 // sooner), becomes PostgreSQL's lock_timeout for that wait only: set with
 // set_config(..., true) inside the lock statement's own implicit
 // transaction for session locks, and restored before the callback for
-// transaction locks. It never reaches the pool. A wait that times out ends
+// transaction locks. It never reaches the pool. PostgreSQL applies
+// lock_timeout to each lock wait separately; for a multi-key call the lock
+// statement sets it again before each key to what is left of the bound,
+// measured on the server from the start of the statement's transaction, so
+// the bound covers the whole call. A wait that times out ends
 // with SQLSTATE 55P03 on a healthy connection, which goes back to the pool;
 // the call returns [ErrLockTimeout] (together with
 // context.DeadlineExceeded when the deadline caused it). An explicit

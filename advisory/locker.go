@@ -35,9 +35,13 @@ type Config struct {
 	// hashed source string). Nil means no logging.
 	Logger *slog.Logger
 
-	// LockTimeout bounds each blocking wait (it becomes PostgreSQL's
-	// lock_timeout for that wait only). Zero means no bound other than the
-	// context's deadline. Options.Timeout overrides it per call.
+	// LockTimeout bounds the whole wait of each blocking call: local
+	// queue, connection and every key of a multi-key call together. On the
+	// server it becomes PostgreSQL's lock_timeout for that call's lock
+	// statement only (for several keys, each key gets what the earlier ones
+	// left), so a wait that reaches it ends with ErrLockTimeout and keeps
+	// its connection. Zero means no bound other than the context's
+	// deadline. Options.Timeout overrides it per call.
 	LockTimeout time.Duration
 
 	// CleanupTimeout bounds each cleanup step (unlock, rollback, closing a
@@ -186,11 +190,12 @@ func (l *Locker) waitBound(ctx context.Context, opts *Options, try bool) (contex
 }
 
 // serverWait is the server-side part of one blocking wait: the context
-// to run the lock statement under, the lock_timeout to send ("" = leave the
-// server's setting alone), and what was done to end the wait early.
+// to run the lock statement under, the bound of the whole wait to enforce
+// on the server (0 = leave the server's lock_timeout alone), and what was
+// done to end the wait early.
 type serverWait struct {
-	ctx     context.Context
-	timeout string
+	ctx   context.Context
+	bound time.Duration // the server-side bound of the wait; 0: none
 
 	pg        *pgconn.PgConn
 	stopWatch func() bool   // from context.AfterFunc; nil when nothing is watched
@@ -255,7 +260,9 @@ func (w *serverWait) settle(c *pooltx.Conn, err error) bool {
 // never fires). Instead:
 //
 //   - wctx's deadline becomes a server-side lock_timeout, so that a wait
-//     that times out ends with 55P03 and keeps its connection;
+//     that times out ends with 55P03 and keeps its connection; for several
+//     keys, each key's wait gets what the earlier keys left of it (see
+//     keySet.queue), so the bound is the whole call's;
 //   - an explicit cancellation of wctx sends PostgreSQL a cancel request,
 //     which ends the wait server-side with 57014 at once. Merely closing
 //     the socket would leave the backend queued in pg_locks (it does not
@@ -275,7 +282,7 @@ func (l *Locker) waitFor(wctx context.Context, pg *pgconn.PgConn) *serverWait {
 		finished: make(chan struct{}),
 	}
 	if hasDeadline {
-		w.timeout = formatTimeout(time.Until(deadline))
+		w.bound = max(time.Until(deadline), time.Millisecond)
 	}
 	w.stopWatch = context.AfterFunc(wctx, w.watch(wctx))
 	return w

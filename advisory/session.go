@@ -49,8 +49,13 @@ func (l *Locker) TryWithLock(ctx context.Context, key keys.Key, opts *Options, f
 // order in one round trip, so callers that each pass every key they need
 // in one call can never deadlock each other, whatever order they list them
 // in. When any wait fails, every key taken so far is released before the
-// call returns. Options.Timeout bounds the wait for each key; a context
-// deadline bounds the whole call.
+// call returns. Options.Timeout (else Config.LockTimeout) and ctx's
+// deadline bound the whole wait, all keys together, not each key: PostgreSQL
+// applies lock_timeout to one lock wait at a time, so before each key the
+// lock statement sets it to what the earlier keys left of the bound,
+// measured on the server's clock. A wait that reaches the bound ends on the
+// server with ErrLockTimeout (SQLSTATE 55P03), releases the keys already
+// taken and keeps the connection.
 func (l *Locker) WithLockAll(ctx context.Context, ks []keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
 	return l.withSession(ctx, ks, opts, false, fn)
 }
@@ -192,7 +197,11 @@ func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySe
 	var err error
 	if len(s.all) == 1 {
 		// One key: one plain statement, cheaper on the client than a batch.
-		sql, args := s.one(sessionOp(try), shared, w.timeout)
+		timeout := ""
+		if w.bound > 0 {
+			timeout = formatTimeout(w.bound)
+		}
+		sql, args := s.one(sessionOp(try), shared, timeout)
 		if try {
 			var ok bool
 			err = c.Conn().QueryRow(w.ctx, sql, args...).Scan(&ok)
@@ -208,7 +217,7 @@ func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySe
 			check = boolResults(&falses)
 		}
 		b := &pgx.Batch{}
-		s.queue(b, sessionOp(try), shared, w.timeout, check)
+		s.queue(b, sessionOp(try), shared, w.bound, check)
 		err = c.Conn().SendBatch(w.ctx, b).Close()
 	}
 	w.stop() // no cancel request in flight from here on
@@ -273,7 +282,7 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, s
 		}
 	} else {
 		b := &pgx.Batch{}
-		s.queue(b, kindUnlock, shared, "", boolResults(&falses))
+		s.queue(b, kindUnlock, shared, 0, boolResults(&falses))
 		b.Queue(sqlUnlockAll)
 		err = c.Conn().SendBatch(cctx, b).Close()
 	}

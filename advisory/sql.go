@@ -41,6 +41,13 @@ type statements struct {
 	// oneTimeout1/2: the single-key form with "SET LOCAL lock_timeout" for
 	// the one implicit transaction of the statement ($2 or $3).
 	oneTimeout1, oneTimeout2 string
+	// manyBound1/2: the multi-key forms for a bounded wait. Before each
+	// key, lock_timeout is set to what is left of the call's bound ($2 or
+	// $3, in ms), measured on the server from the start of the statement's
+	// transaction (now()) to clock_timestamp(), at least 1 ms: PostgreSQL
+	// applies lock_timeout to each lock wait, and the bound is the whole
+	// call's. A key that is free is granted even when nothing is left.
+	manyBound1, manyBound2 string
 	// oneAll1/2 (unlock only): unlock one key, then drop any other
 	// session-level advisory lock of the session, in one statement (the
 	// target list is evaluated left to right).
@@ -70,6 +77,8 @@ func init() {
 				many2:       fmt.Sprintf("SELECT %s(a, b) FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS u(a, b, n) ORDER BY %s", fn, order),
 				oneTimeout1: fmt.Sprintf("SELECT %s($1) FROM (SELECT set_config('lock_timeout', $2, true)) AS s", fn),
 				oneTimeout2: fmt.Sprintf("SELECT %s($1, $2) FROM (SELECT set_config('lock_timeout', $3, true)) AS s", fn),
+				manyBound1:  fmt.Sprintf("SELECT set_config('lock_timeout', %s, true), %s(k) FROM unnest($1::int8[]) WITH ORDINALITY AS u(k, n) ORDER BY n", leftOf("$2"), fn),
+				manyBound2:  fmt.Sprintf("SELECT set_config('lock_timeout', %s, true), %s(a, b) FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS u(a, b, n) ORDER BY n", leftOf("$3"), fn),
 				oneAll1:     fmt.Sprintf("SELECT %s($1), pg_advisory_unlock_all()", fn),
 				oneAll2:     fmt.Sprintf("SELECT %s($1, $2), pg_advisory_unlock_all()", fn),
 			}
@@ -77,10 +86,16 @@ func init() {
 	}
 }
 
+// leftOf is the SQL for what is left of a bound of param milliseconds that
+// began with the current transaction (now(), the database's clock), as a
+// lock_timeout value of at least 1ms. The target list is evaluated per row,
+// after the sort, left to right: each key's wait gets what the keys before
+// it left.
+func leftOf(param string) string {
+	return "greatest(1, " + param + "::int8 - (extract(epoch FROM clock_timestamp() - now()) * 1000)::int8)::text || 'ms'"
+}
+
 const (
-	// sqlSetTimeout sets lock_timeout until the end of the current
-	// (implicit or explicit) transaction: SET LOCAL with a parameter.
-	sqlSetTimeout = "SELECT set_config('lock_timeout', $1, true)"
 	// sqlSaveTimeout and sqlRestoreTimeout bracket the lock statements of
 	// a transaction-scope call so that the callback runs with the
 	// lock_timeout it would have had without us. The saved value lives in
@@ -149,12 +164,12 @@ func (s *keySet) one(k kind, shared bool, timeout string) (string, []any) {
 }
 
 // queue adds the statements that apply kind to every key of s to b, in lock
-// order. When timeout is non-empty and the whole set is one key, the
-// timeout rides in the lock statement itself; otherwise the caller queues
-// sqlSetTimeout first. check, when not nil, reads each statement's rows
-// (one bool per key); without it the results are only checked for errors,
-// which is cheaper.
-func (s *keySet) queue(b *pgx.Batch, k kind, shared bool, timeout string, check func(pgx.Rows) error) {
+// order. bound, when positive, bounds the wait of the whole set: for one key
+// it rides in the lock statement as lock_timeout; for several, each key's
+// wait gets what is left of it (manyBound). check, when not nil, reads each
+// statement's rows (one bool per key); without it the results are only
+// checked for errors, which is cheaper.
+func (s *keySet) queue(b *pgx.Batch, k kind, shared bool, bound time.Duration, check func(pgx.Rows) error) {
 	add := func(sql string, args ...any) {
 		q := b.Queue(sql, args...)
 		if check != nil {
@@ -162,6 +177,10 @@ func (s *keySet) queue(b *pgx.Batch, k kind, shared bool, timeout string, check 
 		}
 	}
 	if len(s.all) == 1 {
+		timeout := ""
+		if bound > 0 {
+			timeout = formatTimeout(bound)
+		}
 		sql, args := s.one(k, shared, timeout)
 		if k == kindUnlock {
 			sql = sqlText[k][b2i(shared)].one1
@@ -173,9 +192,6 @@ func (s *keySet) queue(b *pgx.Batch, k kind, shared bool, timeout string, check 
 		return
 	}
 	st := &sqlText[k][b2i(shared)]
-	if timeout != "" {
-		b.Queue(sqlSetTimeout, timeout)
-	}
 	ints, as, bs := s.ints, s.as, s.bs
 	if k == kindUnlock { // release in reverse order: pairs first, then int8 keys
 		if len(as) > 0 {
@@ -183,6 +199,16 @@ func (s *keySet) queue(b *pgx.Batch, k kind, shared bool, timeout string, check 
 		}
 		if len(ints) > 0 {
 			add(st.many1, ints)
+		}
+		return
+	}
+	if bound > 0 {
+		ms := boundMillis(bound)
+		if len(ints) > 0 {
+			add(st.manyBound1, ints, ms)
+		}
+		if len(as) > 0 {
+			add(st.manyBound2, as, bs, ms)
 		}
 		return
 	}
@@ -204,9 +230,14 @@ func b2i(b bool) int {
 // formatTimeout renders d as a lock_timeout value in whole milliseconds,
 // at least 1 ms (0 would mean "wait for ever").
 func formatTimeout(d time.Duration) string {
+	return strconv.FormatInt(boundMillis(d), 10) + "ms"
+}
+
+// boundMillis is d in whole milliseconds, rounded up, at least 1.
+func boundMillis(d time.Duration) int64 {
 	ms := (d + time.Millisecond - 1) / time.Millisecond
 	if ms < 1 {
 		ms = 1
 	}
-	return strconv.FormatInt(int64(ms), 10) + "ms"
+	return int64(ms)
 }

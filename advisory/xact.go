@@ -3,6 +3,7 @@ package advisory
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -38,7 +39,9 @@ func (l *Locker) TryWithXactLock(ctx context.Context, key keys.Key, opts *Option
 
 // WithXactLockAll is WithXactLock for several keys, sorted, de-duplicated
 // and taken in order in the same round trip as BEGIN. A failure part-way
-// rolls back and so releases every key.
+// rolls back and so releases every key. As for WithLockAll, the timeout and
+// ctx's deadline bound the whole wait, all keys together, on the server:
+// reaching it gives ErrLockTimeout (55P03) and keeps the connection.
 func (l *Locker) WithXactLockAll(ctx context.Context, ks []keys.Key, opts *Options, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	return l.withXact(ctx, ks, opts, false, fn)
 }
@@ -127,7 +130,15 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 		w = x.l.waitFor(wctx, c.Conn().PgConn())
 	}
 	defer w.stop()
-	timeout := w.timeout
+	// The wait's bound becomes the transaction's lock_timeout between the
+	// save and the restore; several keys share it (see keySet.queue).
+	timeout, bound := "", time.Duration(0)
+	if w.bound > 0 {
+		timeout = formatTimeout(w.bound)
+		if len(x.s.all) > 1 {
+			bound = w.bound
+		}
+	}
 
 	falses := 0
 	var check func(pgx.Rows) error // void results: errors only
@@ -149,7 +160,7 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 			if timeout != "" {
 				b.Queue(sqlSaveTimeout, timeout)
 			}
-			x.s.queue(b, xactOp(x.try), x.shared, "", check)
+			x.s.queue(b, xactOp(x.try), x.shared, bound, check)
 			if timeout != "" {
 				b.Queue(sqlRestoreTimeout)
 			}
