@@ -134,10 +134,16 @@
 // # Errors
 //
 // Every failure is a [*LockError] naming the operation and keys; it matches
-// the sentinels ([ErrNotAcquired], [ErrLockTimeout], [ErrDeadlock],
-// [ErrTooManyLocks], [ErrNotHeld], [ErrInvalid]) with errors.Is and keeps
+// the sentinels ([ErrNotAcquired], [ErrLockTimeout], [ErrNoConnection],
+// [ErrDeadlock], [ErrTooManyLocks], [ErrNotHeld], [ErrInvalid]) with
+// errors.Is and keeps
 // the *pgconn.PgError and, when the context ended, the context's error in
-// its chain. A callback's own error is returned unchanged.
+// its chain. A callback's own error is returned unchanged. Only a wait for
+// a lock is a lock timeout: a call that could not get a connection in time
+// (pool or Config.MaxConns exhausted, a server that cannot be reached or
+// does not answer) fails with [ErrNoConnection]. A Try call never waits
+// for a lock and waits for a connection at most Config.LockTimeout, else
+// [DefaultTryConnWait].
 //
 // # Long holds and lost locks
 //
@@ -156,8 +162,12 @@
 //
 // A pooled connection whose server went away while it sat idle (a
 // restart, a failover) is only found dead when used. A lock call that draws
-// one, and finds it closed before anything was locked, retries once on a
-// fresh connection within the same timeout: a dead session holds nothing.
+// one, and finds it closed before anything was locked, retries once within
+// the same timeout: a dead session holds nothing. The retry runs on a
+// connection just pinged (pgxpool itself pings only connections idle for
+// over a second, so the next idle ones may be dead too); dead candidates
+// are destroyed, and if no live connection can be had the call fails with
+// [ErrNoConnection].
 //
 // # Operating the server
 //

@@ -47,12 +47,14 @@ var (
 	// was sent.
 	ErrInvalid = errors.New("advisory: invalid input")
 
-	// ErrNoConnection: the call could not get a connection to lock on: the
-	// pool or Config.MaxConns was exhausted past the call's bound, or the
+	// ErrNoConnection: the call could not get a live connection to lock
+	// on: the pool or Config.MaxConns was exhausted past the call's bound
+	// (for a Try call, Config.LockTimeout else DefaultTryConnWait), or the
 	// server could not be reached or did not answer while connecting. No
-	// lock was waited for and nothing is held. It is never ErrLockTimeout:
-	// a lock timeout means the key was busy, this means the database was
-	// not reachable in time.
+	// lock was requested from the server and nothing is held. It is never
+	// ErrLockTimeout: a lock timeout means the key was busy, this means the
+	// database was not reachable in time. OutcomeOf reports it as
+	// OutcomeNoConnection unless the context was cancelled.
 	ErrNoConnection = errors.New("advisory: no connection")
 )
 
@@ -118,8 +120,9 @@ func classify(ctx context.Context, err error) error {
 		}
 	}
 	ctxErr := ctx.Err()
-	if sentinel == nil && (errors.Is(ctxErr, context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)) {
-		sentinel = ErrLockTimeout // a deadline or the call's timeout ended the wait
+	if sentinel == nil && !errors.Is(err, ErrNoConnection) &&
+		(errors.Is(ctxErr, context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)) {
+		sentinel = ErrLockTimeout // a deadline or the call's timeout ended the wait for a lock
 	}
 	errs := chain{}
 	if sentinel != nil {
@@ -131,6 +134,11 @@ func classify(ctx context.Context, err error) error {
 	}
 	return errs
 }
+
+// noConnection marks err, from the wait for a connection (Config.MaxConns,
+// the pool, connecting), as ErrNoConnection: a deadline that ends it is not
+// a lock timeout, as no lock was waited for.
+func noConnection(err error) error { return chain{ErrNoConnection, err} }
 
 // chain is errors.Join with a one-line message: "a: b: c". Every element
 // is visible to errors.Is and errors.As.

@@ -91,6 +91,19 @@ type Config struct {
 	Tracer AcquireTracer
 }
 
+// DefaultTryConnWait bounds how long a Try call waits for a connection
+// (under Config.MaxConns, in the pool, connecting) when Config.LockTimeout
+// is zero. A Try call never waits for a lock.
+const DefaultTryConnWait = time.Second
+
+// tryConnWait is how long a Try call may wait for a connection.
+func (l *Locker) tryConnWait() time.Duration {
+	if l.cfg.LockTimeout > 0 {
+		return l.cfg.LockTimeout
+	}
+	return DefaultTryConnWait
+}
+
 // Defaults for the loss watcher of held locks.
 const (
 	DefaultHeartbeatInterval = 5 * time.Second
@@ -106,7 +119,9 @@ type Options struct {
 
 	// Timeout bounds the wait of a blocking call, overriding
 	// Config.LockTimeout. Zero means the Config's; negative means no bound
-	// other than the context. It is ignored by Try calls.
+	// other than the context. It is ignored by Try calls, which wait only
+	// for a connection, for at most Config.LockTimeout, else
+	// DefaultTryConnWait.
 	Timeout time.Duration
 }
 
@@ -176,12 +191,13 @@ func (l *Locker) timeout(opts *Options) time.Duration {
 	return l.cfg.LockTimeout
 }
 
-// waitBound returns the context that bounds a blocking call's whole wait
-// (local queue, connection cap, pool, server): ctx, shortened by the
-// call's timeout. Try calls do not wait and get ctx itself.
+// waitBound returns the context that bounds a call's whole wait (local
+// queue, connection cap, pool, server): ctx, shortened by the call's
+// timeout. A Try call waits only for a connection, for at most
+// tryConnWait.
 func (l *Locker) waitBound(ctx context.Context, opts *Options, try bool) (context.Context, context.CancelFunc) {
 	if try {
-		return ctx, func() {}
+		return context.WithTimeout(ctx, l.tryConnWait())
 	}
 	if d := l.timeout(opts); d > 0 {
 		return context.WithTimeout(ctx, d)
@@ -325,13 +341,7 @@ func (l *Locker) pin(wctx context.Context, s *keySet, shared, try bool) (c *pool
 			return nil, nil, err
 		}
 	}
-	if err := l.conns.acquire(wctx); err != nil {
-		t.leave()
-		return nil, nil, err
-	}
-	c, err = pooltx.Acquire(wctx, l.pool, l.connOptions())
-	if err != nil {
-		l.conns.release()
+	if c, err = l.conn(wctx); err != nil {
 		t.leave()
 		return nil, nil, err
 	}
@@ -344,19 +354,47 @@ func queues(s *keySet, shared, try bool) bool {
 	return !try && (len(s.all) == 1 || !shared)
 }
 
-// repin gives up c (destroying it when closed or dirty) and takes another
-// connection under the same place in the key queues.
-func (l *Locker) repin(wctx context.Context, c *pooltx.Conn) (*pooltx.Conn, error) {
-	l.unpin(c)
+// conn takes a pooled connection under the MaxConns cap, bounded by wctx.
+// Its errors match ErrNoConnection.
+func (l *Locker) conn(wctx context.Context) (*pooltx.Conn, error) {
 	if err := l.conns.acquire(wctx); err != nil {
-		return nil, err
+		return nil, noConnection(err)
 	}
 	c, err := pooltx.Acquire(wctx, l.pool, l.connOptions())
 	if err != nil {
 		l.conns.release()
-		return nil, err
+		return nil, noConnection(err)
 	}
 	return c, nil
+}
+
+// repin gives up c, found dead before anything was locked, and takes a
+// live connection in its place, keeping the call's place in the key queue.
+// pgxpool pings only connections idle for over a second, so after a
+// restart or a terminate the next ones it hands out may be dead too: each
+// candidate is pinged (bounded by wctx and Config.CleanupTimeout), and a
+// dead one destroyed and replaced, at most the pool's size + 1 times. Its
+// errors match ErrNoConnection.
+func (l *Locker) repin(wctx context.Context, c *pooltx.Conn) (*pooltx.Conn, error) {
+	l.unpin(c)
+	var err error
+	for range l.pool.Stat().MaxConns() + 1 {
+		if c, err = l.conn(wctx); err != nil {
+			return nil, err
+		}
+		pctx, cancel := context.WithTimeout(wctx, c.CleanupTimeout())
+		err = c.Conn().Ping(pctx)
+		cancel()
+		if err == nil {
+			return c, nil
+		}
+		c.MarkDirty(err)
+		l.unpin(c)
+		if wctx.Err() != nil {
+			break
+		}
+	}
+	return nil, noConnection(err)
 }
 
 // unpin releases (or destroys, when dirty) a connection taken by pin.

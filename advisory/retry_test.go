@@ -62,3 +62,51 @@ func TestDeadIdleConnectionIsRetriedOnce(t *testing.T) {
 	require.NoError(t, h.Unlock(ctx))
 	assert.EqualValues(t, 0, pool.Stat().AcquiredConns())
 }
+
+// Regression (issue 10 item 6): the retry drew the next idle connection
+// from pgxpool, which pings only connections idle for over a second, so
+// with several dead idle connections it failed with 57P01 again. The retry
+// now uses a connection it has just pinged.
+func TestDeadIdleConnectionRetryUsesALiveConnection(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.Pool(t)
+	admin := pgtest.Pool(t)
+	l := newLocker(t, pool, advisory.Config{})
+	k := key(t)
+	p := newProbe(t)
+
+	const idle = 3
+	warm := func() {
+		conns := make([]*pgxpool.Conn, idle)
+		for i := range conns {
+			c, err := pool.Acquire(ctx)
+			require.NoError(t, err)
+			conns[i] = c
+		}
+		for _, c := range conns {
+			c.Release()
+		}
+		require.EqualValues(t, idle, pool.Stat().IdleConns())
+	}
+
+	warm()
+	killIdle(ctx, t, pool, admin)
+	require.NoError(t, l.WithLock(ctx, k, nil, func(ctx context.Context, _ *pgx.Conn) error {
+		assert.False(t, p.free(ctx, k, false))
+		return nil
+	}), "session call with several dead idle connections")
+
+	warm()
+	killIdle(ctx, t, pool, admin)
+	require.NoError(t, l.WithXactLock(ctx, k, nil, func(ctx context.Context, _ pgx.Tx) error {
+		assert.False(t, p.free(ctx, k, false))
+		return nil
+	}), "transaction call with several dead idle connections")
+
+	warm()
+	killIdle(ctx, t, pool, admin)
+	h, err := l.TryLock(ctx, k, nil)
+	require.NoError(t, err, "handle with several dead idle connections")
+	require.NoError(t, h.Unlock(ctx))
+	assert.EqualValues(t, 0, pool.Stat().AcquiredConns())
+}

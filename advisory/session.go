@@ -29,9 +29,12 @@ import (
 // Config.CleanupTimeout.
 //
 // It returns fn's error unchanged when the lock was taken and released
-// cleanly. Otherwise the error is a *LockError matching ErrLockTimeout,
-// ErrDeadlock, ErrTooManyLocks, ErrNotHeld (the unlock found the lock
-// gone: the connection is destroyed) or ErrInvalid. A panic in fn destroys
+// cleanly. Otherwise the error is a *LockError matching ErrLockTimeout (the
+// wait for the lock, local queue included, reached its bound),
+// ErrNoConnection (no connection could be had within the bound: pool or
+// Config.MaxConns exhausted, server unreachable or silent), ErrDeadlock,
+// ErrTooManyLocks, ErrNotHeld (the unlock found the lock gone: the
+// connection is destroyed) or ErrInvalid. A panic in fn destroys
 // the connection, which releases the lock server-side, and is re-raised.
 func (l *Locker) WithLock(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
 	return l.withSession(ctx, []keys.Key{key}, opts, false, fn)
@@ -39,7 +42,9 @@ func (l *Locker) WithLock(ctx context.Context, key keys.Key, opts *Options, fn f
 
 // TryWithLock is WithLock without waiting: when key is held in a
 // conflicting mode it returns a *LockError matching ErrNotAcquired and fn
-// does not run.
+// does not run. It waits only for a connection, for at most
+// Config.LockTimeout, else DefaultTryConnWait (or until ctx ends, if
+// sooner), and then fails with ErrNoConnection, never ErrNotAcquired.
 func (l *Locker) TryWithLock(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
 	return l.withSession(ctx, []keys.Key{key}, opts, true, fn)
 }

@@ -35,7 +35,10 @@ const (
 	OutcomeTimeout   Outcome = "timeout"   // ErrLockTimeout
 	OutcomeDeadlock  Outcome = "deadlock"  // ErrDeadlock
 	OutcomeCancelled Outcome = "cancelled" // the context was cancelled
-	OutcomeError     Outcome = "error"     // anything else
+	// OutcomeNoConnection: ErrNoConnection, no connection could be had in
+	// time (the context was not cancelled).
+	OutcomeNoConnection Outcome = "no-connection"
+	OutcomeError        Outcome = "error" // anything else
 )
 
 // OutcomeOf classifies an error returned by this package's lock calls.
@@ -51,6 +54,8 @@ func OutcomeOf(err error) Outcome {
 		return OutcomeDeadlock
 	case errors.Is(err, context.Canceled):
 		return OutcomeCancelled
+	case errors.Is(err, ErrNoConnection):
+		return OutcomeNoConnection
 	}
 	return OutcomeError
 }

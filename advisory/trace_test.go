@@ -142,6 +142,7 @@ func TestOutcomeOf(t *testing.T) {
 	assert.Equal(t, advisory.OutcomeBusy, advisory.OutcomeOf(&advisory.LockError{Op: "x", Err: advisory.ErrNotAcquired}))
 	assert.Equal(t, advisory.OutcomeDeadlock, advisory.OutcomeOf(advisory.ErrDeadlock))
 	assert.Equal(t, advisory.OutcomeCancelled, advisory.OutcomeOf(context.Canceled))
+	assert.Equal(t, advisory.OutcomeNoConnection, advisory.OutcomeOf(&advisory.LockError{Op: "x", Err: advisory.ErrNoConnection}))
 	assert.Equal(t, advisory.OutcomeError, advisory.OutcomeOf(errors.New("x")))
 	assert.True(t, strings.HasPrefix(string(advisory.OutcomeTimeout), "time"))
 }
