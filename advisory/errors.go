@@ -70,19 +70,28 @@ type LockError struct {
 	Err error
 }
 
-// Error renders "advisory: <op> <keys>: <cause>"; keys print as numbers and
+// Error renders "advisory: <op> <key>: <cause>" for one key and
+// "advisory: <op> [<key> <key> ...]: <cause>" for several (a key's own
+// text may contain a comma, never a space); keys print as numbers and
 // namespace names, never as a hashed source string.
 func (e *LockError) Error() string {
 	var b strings.Builder
 	b.WriteString("advisory: ")
 	b.WriteString(e.Op)
+	if len(e.Keys) > 0 {
+		b.WriteByte(' ')
+	}
+	if len(e.Keys) > 1 {
+		b.WriteByte('[')
+	}
 	for i, k := range e.Keys {
-		if i == 0 {
+		if i > 0 {
 			b.WriteByte(' ')
-		} else {
-			b.WriteByte(',')
 		}
 		b.WriteString(k.String())
+	}
+	if len(e.Keys) > 1 {
+		b.WriteByte(']')
 	}
 	b.WriteString(": ")
 	b.WriteString(strings.TrimPrefix(e.Err.Error(), "advisory: "))

@@ -224,7 +224,9 @@ func isTimeout(err error) bool {
 // watcher. Use it for work done elsewhere (other pools, other services)
 // that must stop when the lock goes. Hold unlocks when fn returns and
 // returns fn's error, joined with an error matching ErrLockLost if the lock
-// was lost meanwhile. A panic in fn releases the lock and is re-raised.
+// was lost meanwhile (once: when fn's error already carries the loss, as
+// context.Cause(ctx) does, it is not repeated). A panic in fn releases the
+// lock and is re-raised.
 func (l *Locker) Hold(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context) error) error {
 	return l.hold(ctx, []keys.Key{key}, opts, false, fn)
 }
@@ -278,5 +280,9 @@ func (l *Locker) hold(ctx context.Context, ks []keys.Key, opts *Options, try boo
 	}()
 	fnErr := fn(fctx)
 	panicked = false
-	return join(fnErr, h.Unlock(ctx))
+	uerr := h.Unlock(ctx)
+	if fnErr != nil && uerr != nil && errors.Is(fnErr, uerr) {
+		uerr = nil // fn returned the loss (context.Cause): say it once
+	}
+	return join(fnErr, uerr)
 }

@@ -3,6 +3,8 @@ package advisory_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -212,4 +214,38 @@ func TestDetectProxyDirectConnection(t *testing.T) {
 	proxied, err := advisory.DetectProxy(ctx, c.Conn())
 	require.NoError(t, err)
 	assert.False(t, proxied)
+}
+
+// Regression (issue 10 item 6): a Hold callback that returned the loss
+// (context.Cause(ctx), the idiom) got it back from Hold twice over, once
+// from fn and once from the unlock.
+func TestHoldReportsTheLossOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ret  func(ctx context.Context) error
+	}{
+		{"context.Cause", context.Cause},
+		{"wrapped", func(ctx context.Context) error { return fmt.Errorf("work: %w", context.Cause(ctx)) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			l := newLocker(t, pgtest.Pool(t), advisory.Config{})
+			k := key(t)
+			inside := make(chan struct{})
+			errc := make(chan error, 1)
+			go func() {
+				errc <- l.Hold(ctx, k, nil, func(ctx context.Context) error {
+					close(inside)
+					<-ctx.Done()
+					return tc.ret(ctx)
+				})
+			}()
+			<-inside
+			terminate(ctx, t, k)
+			err := <-errc
+			require.ErrorIs(t, err, advisory.ErrLockLost)
+			assert.Equal(t, 1, strings.Count(err.Error(), "lock lost"), "%v", err)
+			assert.Equal(t, 1, strings.Count(err.Error(), "57P01"), "%v", err)
+		})
+	}
 }
