@@ -84,14 +84,22 @@
 // lock_timeout to each lock wait separately; for a multi-key call the lock
 // statement sets it again before each key to what is left of the bound,
 // measured on the server from the start of the statement's transaction, so
-// the bound covers the whole call. A wait that times out ends
-// with SQLSTATE 55P03 on a healthy connection, which goes back to the pool;
-// the call returns [ErrLockTimeout] (together with
-// context.DeadlineExceeded when the deadline caused it). An explicit
-// cancellation sends PostgreSQL a cancel request, which ends the wait
-// server-side at once and keeps the connection; only if the server does not
-// answer within half a second is the socket closed and the connection
-// destroyed. (Closing the socket alone is not enough: a backend waiting for
+// the bound covers the whole call. A wait that times out ends with
+// SQLSTATE 55P03 on a healthy connection, which goes back to the pool; the
+// call returns [ErrLockTimeout] (together with context.DeadlineExceeded
+// when the deadline caused it).
+//
+// An explicit cancellation during the wait sends PostgreSQL a cancel
+// request, which ends the wait server-side (57014) and keeps the
+// connection. A call whose context ends after it got its connection but
+// before its lock statement is sent sends nothing and returns the
+// context's error, keeping the connection. PostgreSQL ignores a cancel
+// request that reaches the backend before it has begun the statement
+// (while it is still reading it), so a cancellation in that short window,
+// about the network's latency, is lost: the wait then goes on until a
+// backstop, half a second later, closes the socket, and the connection is
+// destroyed. The same backstop ends a wait whose server does not answer the
+// cancel request within half a second (a frozen server or network). (Closing the socket alone is not enough: a backend waiting for
 // a lock does not read its socket, so it would stay queued in pg_locks
 // until granted. Setting client_connection_check_interval on the server
 // makes such orphaned waiters leave the queue too.)

@@ -282,7 +282,13 @@ func (w *serverWait) settle(c *pooltx.Conn, err error) bool {
 //   - an explicit cancellation of wctx sends PostgreSQL a cancel request,
 //     which ends the wait server-side with 57014 at once. Merely closing
 //     the socket would leave the backend queued in pg_locks (it does not
-//     read its socket while it waits) until the lock is granted to it;
+//     read its socket while it waits) until the lock is granted to it.
+//     PostgreSQL ignores a cancel request that reaches a backend still
+//     reading the statement (or idle), so a cancellation in the short
+//     window between sending the statement and the backend starting it is
+//     lost, and only the backstop below ends the wait (callers check wctx
+//     just before sending, which keeps that window to the network's
+//     latency);
 //   - if neither answers within deadlineGrace, the socket's deadline is
 //     cut: the statement fails, pgx closes the connection, and it is
 //     destroyed.

@@ -192,6 +192,11 @@ func diedIdle(ctx, wctx context.Context, c *pooltx.Conn) bool {
 // partly granted statement may have left are released, or c is marked
 // dirty.
 func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySet, op string, shared, try bool) error {
+	if !try && wctx.Err() != nil {
+		// Given up before the lock statement was sent: send nothing, so
+		// that no cancel request races the statement (see waitFor).
+		return &LockError{Op: op, Keys: s.all, Err: classify(ctx, context.Cause(wctx))}
+	}
 	w := noWait(ctx)
 	if !try {
 		w = l.waitFor(wctx, c.Conn().PgConn())

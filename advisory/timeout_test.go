@@ -3,6 +3,7 @@ package advisory_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -100,5 +101,54 @@ func TestMultiKeyTimeoutIsALockTimeoutOfTheWholeCall(t *testing.T) {
 			assert.True(t, p.free(ctx, ks[0], false), "the key taken before the timeout was released")
 			assert.Equal(t, []string{"0"}, showLockTimeouts(ctx, t, pool), "no lock_timeout left on the connection")
 		})
+	}
+}
+
+// Regression (issue 10 item 6): a context cancelled after the call got its
+// connection but before the lock statement went out still sent the
+// statement, with a cancel request racing it (PostgreSQL ignores one that
+// arrives before the backend begins the statement): the call then lost the
+// connection, and could take the half-second backstop to return. Now
+// nothing is sent and the connection goes back to the pool.
+func TestCancelBeforeTheLockStatementSendsNothing(t *testing.T) {
+	ctx := testCtx(t)
+	cfg := pgtest.Config(t)
+	var armed atomic.Pointer[context.CancelFunc]
+	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
+		if c := armed.Swap(nil); c != nil {
+			(*c)() // the caller gives up just as its connection is handed over
+		}
+		return true, nil
+	}
+	pool := pgtest.NewPool(t, cfg)
+	l := newLocker(t, pool, advisory.Config{})
+	p := newProbe(t)
+	k := key(t)
+	// Warm up: one pooled connection, the proxy check done.
+	require.NoError(t, l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil }))
+	require.EqualValues(t, 1, pool.Stat().TotalConns())
+	created := pool.Stat().NewConnsCount()
+
+	calls := map[string]func(ctx context.Context) error{
+		"WithLock": func(ctx context.Context) error {
+			return l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { t.Error("fn ran"); return nil })
+		},
+		"WithLockAll": func(ctx context.Context) error {
+			return l.WithLockAll(ctx, []keys.Key{k, key(t)}, nil, func(context.Context, *pgx.Conn) error { t.Error("fn ran"); return nil })
+		},
+		"WithXactLock": func(ctx context.Context) error {
+			return l.WithXactLock(ctx, k, nil, func(context.Context, pgx.Tx) error { t.Error("fn ran"); return nil })
+		},
+	}
+	for name, call := range calls {
+		cctx, cancel := context.WithCancel(ctx)
+		armed.Store(&cancel)
+		err := call(cctx)
+		require.ErrorIs(t, err, context.Canceled, name)
+		assert.Equal(t, advisory.OutcomeCancelled, advisory.OutcomeOf(err), name)
+		assert.Nil(t, armed.Load(), "%s: the hook ran", name)
+		assert.EqualValues(t, 1, pool.Stat().TotalConns(), "%s: the connection is kept", name)
+		assert.Equal(t, created, pool.Stat().NewConnsCount(), "%s: no connection was replaced", name)
+		assert.True(t, p.free(ctx, k, false), name)
 	}
 }

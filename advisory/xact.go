@@ -125,6 +125,11 @@ type xactAttempt struct {
 // unchanged.
 func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 	ctx, wctx, c, t := x.ctx, x.wctx, x.c, x.t
+	if !x.try && wctx.Err() != nil {
+		// Given up before BEGIN and the lock were sent: send nothing, so
+		// that no cancel request races them (see Locker.waitFor).
+		return &LockError{Op: x.op, Keys: x.s.all, Err: classify(ctx, context.Cause(wctx))}
+	}
 	w := noWait(ctx)
 	if !x.try {
 		w = x.l.waitFor(wctx, c.Conn().PgConn())
