@@ -34,8 +34,10 @@ import (
 // it waits for a later one. A shared multi-key call does not queue at all:
 // holding its first key in shared mode, it would make later shared callers
 // wait locally for a key PostgreSQL would grant them. Queueing for the
-// first key only (not for every key, as before) is what lets a call for a
-// later key, free on the server, go through at once.
+// first key only, not for every key, is what lets a call for a later key,
+// free on the server, go through at once. (A call behind one still on its
+// way to the server may wait while the key is free for a moment: the call
+// ahead is first in line for it, on the server as here.)
 //
 // A wait in process is invisible to PostgreSQL's deadlock detector. That
 // costs nothing for the calls above (none of them would be granted by the
@@ -44,8 +46,9 @@ import (
 // for the holder's key) is never seen by PostgreSQL whatever the queues do:
 // such nested calls end at their timeout, never with 40P01.
 //
-// Try calls never wait, so they skip the queues (they still count against
-// MaxConns).
+// Try calls never wait for a lock, so they skip the queues (they still
+// count against MaxConns, and wait for a connection at most
+// Locker.tryConnWait).
 
 // fifo is a mutex whose waiters are served in arrival order and can give
 // up with their context. A buffered channel of one is exactly that: Go
