@@ -173,6 +173,10 @@ func classifyResult(err error, try, deadline bool) (string, bool) {
 		return "", false
 	case try && errors.Is(err, advisory.ErrNotAcquired):
 		return "not acquired", true
+	case try && errors.Is(err, advisory.ErrNoConnection):
+		// The pool was busy with the other callers past the bound a Try call
+		// waits for a connection (DefaultTryConnWait).
+		return "no connection", true
 	case deadline && errors.Is(err, advisory.ErrLockTimeout):
 		return "lock timeout", true
 	case errors.Is(err, context.Canceled):
