@@ -25,42 +25,50 @@ func killIdle(ctx context.Context, t *testing.T, pool, admin *pgxpool.Pool) {
 	require.Positive(t, n)
 }
 
-// Regression: after a restart or a terminate, the first call that drew a
-// dead idle connection from the pool failed with 57P01. A dead session holds
-// no lock, so the call now retries once on a fresh connection.
-func TestDeadIdleConnectionIsRetriedOnce(t *testing.T) {
+// afterKill runs a session call, a transaction call and a handle, each
+// right after warm has left idle connections in pool and killIdle has
+// terminated their backends; every call must succeed.
+func afterKill(t *testing.T, pool *pgxpool.Pool, warm func(ctx context.Context)) {
+	t.Helper()
 	ctx := testCtx(t)
-	pool := pgtest.Pool(t)
 	admin := pgtest.Pool(t)
 	l := newLocker(t, pool, advisory.Config{})
 	k := key(t)
 	p := newProbe(t)
 
-	warm := func() {
-		require.NoError(t, l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil }))
-		require.EqualValues(t, 1, pool.Stat().IdleConns())
-	}
-
-	warm()
+	warm(ctx)
 	killIdle(ctx, t, pool, admin)
 	require.NoError(t, l.WithLock(ctx, k, nil, func(ctx context.Context, _ *pgx.Conn) error {
 		assert.False(t, p.free(ctx, k, false))
 		return nil
-	}), "session call on a dead idle connection")
+	}), "session call on dead idle connections")
 
-	warm()
+	warm(ctx)
 	killIdle(ctx, t, pool, admin)
 	require.NoError(t, l.WithXactLock(ctx, k, nil, func(ctx context.Context, _ pgx.Tx) error {
 		assert.False(t, p.free(ctx, k, false))
 		return nil
-	}), "transaction call on a dead idle connection")
+	}), "transaction call on dead idle connections")
 
-	warm()
+	warm(ctx)
 	killIdle(ctx, t, pool, admin)
 	h, err := l.TryLock(ctx, k, nil)
-	require.NoError(t, err, "handle on a dead idle connection")
+	require.NoError(t, err, "handle on dead idle connections")
 	require.NoError(t, h.Unlock(ctx))
 	assert.EqualValues(t, 0, pool.Stat().AcquiredConns())
+}
+
+// Regression: after a restart or a terminate, the first call that drew a
+// dead idle connection from the pool failed with 57P01. A dead session holds
+// no lock, so the call now retries once on a fresh connection.
+func TestDeadIdleConnectionIsRetriedOnce(t *testing.T) {
+	pool := pgtest.Pool(t)
+	afterKill(t, pool, func(ctx context.Context) {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		c.Release()
+		require.EqualValues(t, 1, pool.Stat().IdleConns())
+	})
 }
 
 // Regression (issue 10 item 6): the retry drew the next idle connection
@@ -68,15 +76,9 @@ func TestDeadIdleConnectionIsRetriedOnce(t *testing.T) {
 // with several dead idle connections it failed with 57P01 again. The retry
 // now uses a connection it has just pinged.
 func TestDeadIdleConnectionRetryUsesALiveConnection(t *testing.T) {
-	ctx := testCtx(t)
 	pool := pgtest.Pool(t)
-	admin := pgtest.Pool(t)
-	l := newLocker(t, pool, advisory.Config{})
-	k := key(t)
-	p := newProbe(t)
-
 	const idle = 3
-	warm := func() {
+	afterKill(t, pool, func(ctx context.Context) {
 		conns := make([]*pgxpool.Conn, idle)
 		for i := range conns {
 			c, err := pool.Acquire(ctx)
@@ -87,26 +89,5 @@ func TestDeadIdleConnectionRetryUsesALiveConnection(t *testing.T) {
 			c.Release()
 		}
 		require.EqualValues(t, idle, pool.Stat().IdleConns())
-	}
-
-	warm()
-	killIdle(ctx, t, pool, admin)
-	require.NoError(t, l.WithLock(ctx, k, nil, func(ctx context.Context, _ *pgx.Conn) error {
-		assert.False(t, p.free(ctx, k, false))
-		return nil
-	}), "session call with several dead idle connections")
-
-	warm()
-	killIdle(ctx, t, pool, admin)
-	require.NoError(t, l.WithXactLock(ctx, k, nil, func(ctx context.Context, _ pgx.Tx) error {
-		assert.False(t, p.free(ctx, k, false))
-		return nil
-	}), "transaction call with several dead idle connections")
-
-	warm()
-	killIdle(ctx, t, pool, admin)
-	h, err := l.TryLock(ctx, k, nil)
-	require.NoError(t, err, "handle with several dead idle connections")
-	require.NoError(t, h.Unlock(ctx))
-	assert.EqualValues(t, 0, pool.Stat().AcquiredConns())
+	})
 }
