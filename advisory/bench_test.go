@@ -203,6 +203,12 @@ func BenchmarkXactLockAll10(b *testing.B) {
 		ks, _ := benchKeys(b, 10)
 		e.run(b, func(ctx context.Context) error { return e.l.WithXactLockAll(ctx, ks, nil, noopXact) })
 	})
+	b.Run("impl=advisory-timeout", func(b *testing.B) { // the bound is the whole call's: lock_timeout per key
+		e := newBenchEnv(b)
+		ks, _ := benchKeys(b, 10)
+		opts := &advisory.Options{Timeout: time.Minute}
+		e.run(b, func(ctx context.Context) error { return e.l.WithXactLockAll(ctx, ks, opts, noopXact) })
+	})
 }
 
 func BenchmarkSessionLockAll10(b *testing.B) {
@@ -220,6 +226,12 @@ func BenchmarkSessionLockAll10(b *testing.B) {
 		e := newBenchEnv(b)
 		ks, _ := benchKeys(b, 10)
 		e.run(b, func(ctx context.Context) error { return e.l.WithLockAll(ctx, ks, nil, noopSession) })
+	})
+	b.Run("impl=advisory-timeout", func(b *testing.B) { // the bound is the whole call's: lock_timeout per key
+		e := newBenchEnv(b)
+		ks, _ := benchKeys(b, 10)
+		opts := &advisory.Options{Timeout: time.Minute}
+		e.run(b, func(ctx context.Context) error { return e.l.WithLockAll(ctx, ks, opts, noopSession) })
 	})
 }
 
