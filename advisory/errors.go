@@ -20,9 +20,10 @@ var (
 	// Nothing is held.
 	ErrNotAcquired = errors.New("advisory: lock not acquired")
 
-	// ErrLockTimeout: a blocking call gave up waiting, because of the
-	// configured or per-call timeout (SQLSTATE 55P03) or the context's
-	// deadline. Nothing is held and the connection was kept.
+	// ErrLockTimeout: a blocking call gave up waiting for a lock (in the
+	// Locker's local queue or on the server), because of the configured or
+	// per-call timeout (SQLSTATE 55P03) or the context's deadline. Nothing
+	// is held, and a connection that waited on the server was kept.
 	ErrLockTimeout = errors.New("advisory: lock timeout")
 
 	// ErrDeadlock: PostgreSQL chose this call as the victim of a deadlock

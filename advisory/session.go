@@ -21,9 +21,11 @@ import (
 // fn leaves open destroys the connection.
 //
 // ctx governs the wait for a connection, the wait for the lock and fn. The
-// wait ends with ErrLockTimeout after Options.Timeout, Config.LockTimeout or
-// at ctx's deadline, whichever comes first, and with ctx's error when ctx is
-// cancelled. If the lock is granted but ctx has ended by then, the lock is
+// whole wait is bounded by Options.Timeout, else Config.LockTimeout, and by
+// ctx's deadline, whichever comes first: reaching the bound while waiting
+// for the lock ends with ErrLockTimeout, while still waiting for a
+// connection with ErrNoConnection; a cancelled ctx ends either with ctx's
+// error. If the lock is granted but ctx has ended by then, the lock is
 // released at once and the call returns ctx's error: a granted lock is never
 // left behind. Unlock runs under a fresh context bounded by
 // Config.CleanupTimeout.
