@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	pgxlockgoose "github.com/pgxlock/pgxlock/contrib/goose"
 	"github.com/pgxlock/pgxlock/advisory"
+	pgxlockgoose "github.com/pgxlock/pgxlock/contrib/goose"
 	"github.com/pgxlock/pgxlock/internal/pgtest"
 	"github.com/pgxlock/pgxlock/keys"
 )
