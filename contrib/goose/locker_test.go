@@ -112,7 +112,13 @@ func runUps(t *testing.T, ctx context.Context, schema string, n int, locker func
 		if check == nil {
 			check = &pgxPool{pool}
 		}
-		ps = append(ps, provider(t, db, schema, locker(i)))
+		p := provider(t, db, schema, locker(i))
+		// Create goose's version table first, one provider after another:
+		// goose retries a failed creation after a second, which would
+		// stagger the callers and hide a missing lock.
+		_, err := p.GetDBVersion(ctx)
+		require.NoError(t, err)
+		ps = append(ps, p)
 	}
 	start := make(chan struct{})
 	errs := make([]error, n)

@@ -66,6 +66,10 @@ func TestProcessesUpOnce(t *testing.T) {
 	schema := migrationDB(t, ctx)
 	check := pgtest.Pool(t)
 	key := pgtest.UniqueInt64(t)
+	// goose's version table exists before the children start (see runUps).
+	db, _ := openDB(t, 1)
+	_, err := provider(t, db, schema, goose.WithVerbose(false)).GetDBVersion(ctx)
+	require.NoError(t, err)
 	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
 	var cmds []*exec.Cmd
 	var outs []*bytes.Buffer
