@@ -13,8 +13,8 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 
-	pgxlockgocron "github.com/pgxlock/pgxlock/contrib/gocron"
 	"github.com/pgxlock/pgxlock/advisory"
+	pgxlockgocron "github.com/pgxlock/pgxlock/contrib/gocron"
 	"github.com/pgxlock/pgxlock/internal/pgtest"
 	"github.com/pgxlock/pgxlock/keys"
 )
