@@ -37,14 +37,17 @@
 // attributes (labels), so that an OpenTelemetry Prometheus exporter
 // produces the same series and dashboards work on either:
 //
-//	OpenTelemetry instrument          kind           unit  attributes                      Prometheus (package metrics)
-//	pgxlock.acquisitions              counter        1     scope, mode, result, namespace  pgxlock_acquisitions_total
-//	pgxlock.wait                      histogram      s     scope, mode, namespace          pgxlock_wait_seconds
-//	pgxlock.hold                      histogram      s     scope, mode, namespace          pgxlock_hold_seconds
-//	pgxlock.held                      updowncounter  1     scope, mode, namespace          pgxlock_held
-//	pgxlock.waiting                   updowncounter  1     scope, mode, namespace          pgxlock_waiting
-//	pgxlock.lost                      counter        1     namespace                       pgxlock_lost_total
-//	pgxlock.lease_renewals            counter        1     result                          pgxlock_lease_renewals_total
+//	OpenTelemetry instrument  kind           unit           attributes                      Prometheus (package metrics)
+//	pgxlock.acquisitions      counter        {acquisition}  scope, mode, result, namespace  pgxlock_acquisitions_total
+//	pgxlock.wait              histogram      s              scope, mode, namespace          pgxlock_wait_seconds
+//	pgxlock.hold              histogram      s              scope, mode, namespace          pgxlock_hold_seconds
+//	pgxlock.held              updowncounter  {lock}         scope, mode, namespace          pgxlock_held
+//	pgxlock.waiting           updowncounter  {acquisition}  scope, mode, namespace          pgxlock_waiting
+//	pgxlock.lost              counter        {lock}         namespace                       pgxlock_lost_total
+//	pgxlock.lease_renewals    counter        {renewal}      result                          pgxlock_lease_renewals_total
+//
+// (go.opentelemetry.io/otel/exporters/prometheus, with WithoutScopeInfo,
+// gives exactly the right-hand names, types and labels; a test checks it.)
 //
 // The histograms suggest the collector's buckets (metrics.DefaultWaitBuckets
 // and metrics.DefaultHoldBuckets); a View may change them. The namespace
