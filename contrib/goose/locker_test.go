@@ -63,7 +63,20 @@ func TestConcurrentUpAppliesEachMigrationOnce(t *testing.T) {
 	ctx := testCtx(t)
 	schema := migrationDB(t, ctx)
 	k := keys.Int64(pgtest.UniqueInt64(t))
-	runUps(t, ctx, schema, 8, func(i int) goose.ProviderOption {
+	runUps(t, ctx, schema, 8, 2, func(i int, pool *pgxpool.Pool) goose.ProviderOption {
+		l, err := pgxlockgoose.NewSessionLocker(pgxlockgoose.Config{Key: k})
+		require.NoError(t, err)
+		return goose.WithSessionLocker(l)
+	})
+}
+
+// Each caller's database/sql handle has a single connection: goose runs the
+// SQL migrations on the connection that holds the lock.
+func TestConcurrentUpPoolOfOne(t *testing.T) {
+	ctx := testCtx(t)
+	schema := migrationDB(t, ctx)
+	k := keys.Int64(pgtest.UniqueInt64(t))
+	runUps(t, ctx, schema, 4, 1, func(i int, pool *pgxpool.Pool) goose.ProviderOption {
 		l, err := pgxlockgoose.NewSessionLocker(pgxlockgoose.Config{Key: k})
 		require.NoError(t, err)
 		return goose.WithSessionLocker(l)
@@ -77,7 +90,7 @@ func TestMixedFleetGooseAndPgxlockLockers(t *testing.T) {
 	ctx := testCtx(t)
 	schema := migrationDB(t, ctx)
 	id := pgtest.UniqueInt64(t)
-	runUps(t, ctx, schema, 8, func(i int) goose.ProviderOption {
+	runUps(t, ctx, schema, 8, 2, func(i int, pool *pgxpool.Pool) goose.ProviderOption {
 		if i%2 == 0 {
 			return goose.WithSessionLocker(gooseOwn(t, id))
 		}
@@ -93,8 +106,8 @@ func TestConcurrentUpWithHandleLocker(t *testing.T) {
 	ctx := testCtx(t)
 	schema := migrationDB(t, ctx)
 	k := keys.Int64(pgtest.UniqueInt64(t))
-	runUps(t, ctx, schema, 8, func(i int) goose.ProviderOption {
-		al, err := advisory.New(pgtest.Pool(t), advisory.Config{})
+	runUps(t, ctx, schema, 8, 2, func(i int, pool *pgxpool.Pool) goose.ProviderOption {
+		al, err := advisory.New(pool, advisory.Config{}) // the provider's own pool (MaxConns 2)
 		require.NoError(t, err)
 		l, err := pgxlockgoose.NewLocker(al, pgxlockgoose.Config{Key: k})
 		require.NoError(t, err)
@@ -104,15 +117,15 @@ func TestConcurrentUpWithHandleLocker(t *testing.T) {
 
 // runUps starts n callers of Up, each on its own pool and provider, released
 // together, and checks the outcome.
-func runUps(t *testing.T, ctx context.Context, schema string, n int, locker func(i int) goose.ProviderOption) {
+func runUps(t *testing.T, ctx context.Context, schema string, n int, maxConns int32, locker func(i int, pool *pgxpool.Pool) goose.ProviderOption) {
 	var ps []*goose.Provider
 	var check *pgxPool
 	for i := range n {
-		db, pool := openDB(t, 2)
+		db, pool := openDB(t, maxConns)
 		if check == nil {
 			check = &pgxPool{pool}
 		}
-		p := provider(t, db, schema, locker(i))
+		p := provider(t, db, schema, locker(i, pool))
 		// Create goose's version table first, one provider after another:
 		// goose retries a failed creation after a second, which would
 		// stagger the callers and hide a missing lock.
