@@ -108,12 +108,13 @@ func (l *SessionLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
 	return l.raw(ctx, conn, "goose session lock", func(c *pgx.Conn) error {
 		wctx, stop := waitContext(ctx)
 		defer stop()
+		timeout, byDeadline := l.lockTimeout(ctx)
 		var err error
 		if a, b, ok := l.key.Pair(); ok {
-			_, err = c.Exec(wctx, lockPair, a, b, l.lockTimeout(ctx))
+			_, err = c.Exec(wctx, lockPair, a, b, timeout)
 		} else {
 			v, _ := l.key.Int64()
-			_, err = c.Exec(wctx, lockInt64, v, l.lockTimeout(ctx))
+			_, err = c.Exec(wctx, lockInt64, v, timeout)
 		}
 		if err == nil {
 			return nil
@@ -122,7 +123,10 @@ func (l *SessionLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
 		if errors.As(err, &pgErr) {
 			switch pgErr.Code {
 			case "55P03": // lock_timeout: not granted, the connection is fine
-				return errors.Join(advisory.ErrLockTimeout, ctx.Err(), err)
+				if byDeadline {
+					return errors.Join(advisory.ErrLockTimeout, context.DeadlineExceeded, err)
+				}
+				return errors.Join(advisory.ErrLockTimeout, err)
 			case "40P01": // deadlock: not granted
 				return errors.Join(advisory.ErrDeadlock, err)
 			}
@@ -215,20 +219,21 @@ func (l *SessionLocker) destroy(ctx context.Context, c *pgx.Conn) {
 }
 
 // lockTimeout is the statement's lock_timeout in milliseconds ("0": none):
-// the sooner of Config.LockTimeout and ctx's deadline, at least 1 ms.
-func (l *SessionLocker) lockTimeout(ctx context.Context) string {
+// the sooner of Config.LockTimeout and ctx's deadline, rounded up, at least
+// 1 ms; byDeadline reports that the deadline was the sooner.
+func (l *SessionLocker) lockTimeout(ctx context.Context) (ms string, byDeadline bool) {
 	d := l.timeout
 	if dl, ok := ctx.Deadline(); ok {
 		if left := time.Until(dl); d < 0 || left < d {
-			d = left
+			d, byDeadline = left, true
 		}
 	}
 	if d < 0 {
-		return "0"
+		return "0", false
 	}
-	ms := d.Milliseconds()
-	if ms < 1 {
-		ms = 1
+	n := (d + time.Millisecond - 1).Milliseconds()
+	if n < 1 {
+		n = 1
 	}
-	return strconv.FormatInt(ms, 10)
+	return strconv.FormatInt(n, 10), byDeadline
 }
