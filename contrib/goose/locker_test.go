@@ -2,6 +2,7 @@ package pgxlockgoose_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"hash/crc32"
 	"sync"
@@ -37,12 +38,7 @@ func TestDefaultKeyIsGoosesLockID(t *testing.T) {
 func TestDefaultKeyExcludesGoosesOwnLocker(t *testing.T) {
 	ctx := testCtx(t)
 	db, _ := openDB(t, 2)
-	c1, err := db.Conn(ctx)
-	require.NoError(t, err)
-	defer c1.Close()
-	c2, err := db.Conn(ctx)
-	require.NoError(t, err)
-	defer c2.Close()
+	c1, c2 := twoConns(t, ctx, db)
 
 	theirs, err := lock.NewPostgresSessionLocker()
 	require.NoError(t, err)
@@ -115,6 +111,18 @@ func TestConcurrentUpWithHandleLocker(t *testing.T) {
 	})
 }
 
+// twoConns returns two connections of db (two sessions), closed at cleanup.
+func twoConns(t *testing.T, ctx context.Context, db *sql.DB) (*sql.Conn, *sql.Conn) {
+	var cs [2]*sql.Conn
+	for i := range cs {
+		c, err := db.Conn(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	return cs[0], cs[1]
+}
+
 // runUps starts n callers of Up, each on its own pool and provider, released
 // together, and checks the outcome.
 func runUps(t *testing.T, ctx context.Context, schema string, n int, maxConns int32, locker func(i int, pool *pgxpool.Pool) goose.ProviderOption) {
@@ -164,12 +172,7 @@ func TestLockTimeoutKeepsConnection(t *testing.T) {
 	require.NoError(t, err)
 	waiter, err := pgxlockgoose.NewSessionLocker(pgxlockgoose.Config{Key: k, LockTimeout: 100 * time.Millisecond})
 	require.NoError(t, err)
-	c1, err := db.Conn(ctx)
-	require.NoError(t, err)
-	defer c1.Close()
-	c2, err := db.Conn(ctx)
-	require.NoError(t, err)
-	defer c2.Close()
+	c1, c2 := twoConns(t, ctx, db)
 
 	require.NoError(t, holder.SessionLock(ctx, c1))
 	err = waiter.SessionLock(ctx, c2)
@@ -195,12 +198,7 @@ func TestDeadlineBecomesLockTimeout(t *testing.T) {
 	k := keys.Int64(pgtest.UniqueInt64(t))
 	l, err := pgxlockgoose.NewSessionLocker(pgxlockgoose.Config{Key: k})
 	require.NoError(t, err)
-	c1, err := db.Conn(ctx)
-	require.NoError(t, err)
-	defer c1.Close()
-	c2, err := db.Conn(ctx)
-	require.NoError(t, err)
-	defer c2.Close()
+	c1, c2 := twoConns(t, ctx, db)
 	require.NoError(t, l.SessionLock(ctx, c1))
 	defer func() { require.NoError(t, l.SessionUnlock(ctx, c1)) }()
 
@@ -220,12 +218,7 @@ func TestCancelledWaitDestroysConnection(t *testing.T) {
 	id := pgtest.UniqueInt64(t)
 	l, err := pgxlockgoose.NewSessionLocker(pgxlockgoose.Config{Key: keys.Int64(id)})
 	require.NoError(t, err)
-	c1, err := db.Conn(ctx)
-	require.NoError(t, err)
-	defer c1.Close()
-	c2, err := db.Conn(ctx)
-	require.NoError(t, err)
-	defer c2.Close()
+	c1, c2 := twoConns(t, ctx, db)
 	require.NoError(t, l.SessionLock(ctx, c1))
 
 	cctx, cancel := context.WithCancel(ctx)
