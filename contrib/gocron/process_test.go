@@ -38,6 +38,7 @@ type helperSpec struct {
 	Ledger   string // quoted table name
 	Proc     string
 	Election string
+	Job      string // Locker mode: the job's name (Election is empty)
 }
 
 // TestHelperProcess is not a test: it is the body of the child processes
@@ -51,6 +52,10 @@ func TestHelperProcess(t *testing.T) {
 	}
 	var spec helperSpec
 	require.NoError(t, json.Unmarshal([]byte(raw), &spec))
+	if spec.Job != "" {
+		lockerChild(t, spec)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg, err := pgxpool.ParseConfig(spec.DSN)
