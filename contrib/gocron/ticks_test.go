@@ -283,6 +283,9 @@ func TestElectorLossHandsOver(t *testing.T) {
 	require.NoError(t, es[2].IsLeader(ctx), "resigning frees the lock for the next")
 }
 
+// testNS is registered once per test binary (-count=N runs tests again).
+var testNS = keys.MustRegisterNamespace(0x67637274, "gocron-test")
+
 func TestInvalidInput(t *testing.T) {
 	_, err := pgxlockgocron.NewLocker(nil, pgxlockgocron.Config{})
 	require.ErrorIs(t, err, advisory.ErrInvalid)
@@ -296,7 +299,7 @@ func TestInvalidInput(t *testing.T) {
 	require.NoError(t, err)
 	_, err = jl.Lock(context.Background(), "")
 	require.ErrorIs(t, err, advisory.ErrInvalid)
-	ns := keys.MustRegisterNamespace(pgtest.UniqueInt32(t), "gocron-test")
+	ns := testNS
 	jl, err = pgxlockgocron.NewLocker(l, pgxlockgocron.Config{Namespace: ns})
 	require.NoError(t, err)
 	k, err := jl.Key("job")

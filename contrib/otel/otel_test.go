@@ -2,6 +2,8 @@ package pgxlockotel_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"strconv"
 	"strings"
@@ -25,6 +27,14 @@ import (
 )
 
 const waitBound = 20 * time.Second
+
+// testNS is registered once per test binary (-count=N runs tests again), with
+// a random id: its keys are this process's own.
+var testNS = func() keys.Namespace {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return keys.MustRegisterNamespace(int32(binary.BigEndian.Uint32(b[:])|1), "oteltest")
+}()
 
 func testCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -71,8 +81,7 @@ func TestSequenceSpansAndMetrics(t *testing.T) {
 	tr, sr, reader := newTracer(t)
 	l, err := advisory.New(pool, advisory.Config{Tracer: tr})
 	require.NoError(t, err)
-	ns, err := keys.RegisterNamespace(pgtest.UniqueInt32(t), "oteltest")
-	require.NoError(t, err)
+	ns := testNS
 	k1, k2 := ns.Key(1), ns.Key(2)
 	const secret = "customer-4711-invoice"
 	hashed := keys.Hash(secret + strconv.FormatInt(pgtest.UniqueInt64(t), 10))
