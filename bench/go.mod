@@ -9,12 +9,14 @@ require (
 	github.com/go-redsync/redsync/v4 v4.17.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/pgxlock/pgxlock v0.0.0-00010101000000-000000000000
-	github.com/pressly/goose/v3 v3.27.1
+	github.com/pressly/goose/v3 v3.27.3
 	github.com/redis/go-redis/v9 v9.22.0
 	go.etcd.io/etcd/client/v3 v3.6.14
 	go.uber.org/zap v1.27.0
 	google.golang.org/grpc v1.82.1
 )
+
+require github.com/mfridman/interpolate v0.0.2 // indirect
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
@@ -26,16 +28,19 @@ require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
-	github.com/sethvargo/go-retry v0.3.0 // indirect
+	github.com/pgxlock/pgxlock/contrib/goose v0.0.0-00010101000000-000000000000
+	github.com/sethvargo/go-retry v0.4.0 // indirect
 	go.etcd.io/etcd/api/v3 v3.6.14 // indirect
 	go.etcd.io/etcd/client/pkg/v3 v3.6.14 // indirect
 	go.uber.org/atomic v1.11.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
-	golang.org/x/net v0.55.0 // indirect
+	golang.org/x/net v0.57.0 // indirect
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/sys v0.47.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260414002931-afd174a4e478 // indirect
-	google.golang.org/genproto/googleapis/rpc v0.0.0-20260420184626-e10c466a9529 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260720211330-0afa2a65878a // indirect
 	google.golang.org/protobuf v1.36.11 // indirect
 )
+
+replace github.com/pgxlock/pgxlock/contrib/goose => ../contrib/goose

@@ -31,4 +31,15 @@
 // keys (plain or hashed) and "mixed" for a call whose keys span several.
 // Only registered namespaces appear, so the series stay bounded by code,
 // not by data.
+//
+// # Dashboard
+//
+// grafana-dashboard.json (in this directory) is a Grafana dashboard for
+// these series, with the default "pgxlock" prefix: acquisitions by result
+// and by scope and mode, wait and hold time quantiles (p50, p90, p99),
+// held and waiting gauges, losses and lease renewals, filtered by a
+// namespace variable. Import it and pick the Prometheus data source. A
+// test checks that each of its queries names series this Collector
+// exports, with labels they have. examples/cron --metrics-addr serves
+// these metrics.
 package metrics

@@ -9,6 +9,10 @@
 //	go run ./examples/cron                              # 3 replicas as goroutines, 10 s
 //	go run ./examples/cron --replicas=1 --name=a &      # or one replica per process
 //	go run ./examples/cron --replicas=1 --name=b &
+//	go run ./examples/cron --metrics-addr=127.0.0.1:9187  # also serve /metrics (Prometheus)
+//
+// The same service on gocron with pgxlock's gocron Locker is
+// contrib/gocron/examples/cron (a module of its own).
 package main
 
 import (
@@ -17,6 +21,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -24,10 +30,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pgxlock/pgxlock/advisory"
 	"github.com/pgxlock/pgxlock/internal/exampledb"
 	"github.com/pgxlock/pgxlock/keys"
+	"github.com/pgxlock/pgxlock/metrics"
 )
 
 // config is the command line.
@@ -38,6 +47,13 @@ type config struct {
 	Every    time.Duration // schedule
 	JobTime  time.Duration // how long the job takes
 	Duration time.Duration // stop ticking after this long; 0 runs until interrupted
+
+	// MetricsAddr, when set, is the address (host:port; port 0 picks one) on which
+	// /metrics serves the lock metrics (package metrics) while the replicas run.
+	MetricsAddr string
+	// beforeMetricsStop, when set (tests), is called with the /metrics URL after the
+	// replicas have stopped and before the server does.
+	beforeMetricsStop func(url string)
 }
 
 // The job's lock. A namespace keeps this service's keys apart from other users of the
@@ -60,6 +76,7 @@ func main() {
 	flag.DurationVar(&cfg.Every, "every", time.Second, "run the job on every multiple of this interval")
 	flag.DurationVar(&cfg.JobTime, "job-time", 300*time.Millisecond, "how long the job takes")
 	flag.DurationVar(&cfg.Duration, "duration", 10*time.Second, "stop after this long (0: run until interrupted)")
+	flag.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics while running (e.g. 127.0.0.1:9187)")
 	flag.Parse()
 	cfg.URL = os.Getenv(exampledb.EnvURL)
 	exampledb.Main("cron", func(ctx context.Context) error { return run(ctx, cfg, os.Stdout) })
@@ -81,6 +98,24 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	lg := &logger{out: out, every: cfg.Every}
 	lg.printf("%d replica(s), job %q every %v, lock %v", cfg.Replicas, jobName, cfg.Every, jobKey)
 
+	// The replicas' lockers report to tracer: nil, or the Prometheus collector.
+	var tracer advisory.AcquireTracer
+	if cfg.MetricsAddr != "" {
+		collector := metrics.New(metrics.Options{})
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collector)
+		url, stop, err := serveMetrics(cfg.MetricsAddr, reg)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		if cfg.beforeMetricsStop != nil {
+			defer cfg.beforeMetricsStop(url)
+		}
+		lg.printf("serving Prometheus metrics on %s", url)
+		tracer = collector
+	}
+
 	started := time.Now()
 	var stopAt time.Time // zero: tick until interrupted
 	if cfg.Duration > 0 {
@@ -93,7 +128,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		if cfg.Replicas > 1 {
 			name = fmt.Sprintf("%s-%d", cfg.Name, i+1)
 		}
-		wg.Go(func() { errs[i] = replica(ctx, db, name, cfg, stopAt, lg) })
+		wg.Go(func() { errs[i] = replica(ctx, db, name, cfg, stopAt, tracer, lg) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
@@ -104,13 +139,13 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 
 // replica is one instance of the service: its own pool (its own sessions, as a separate
 // process would have) and its own clock-aligned ticker.
-func replica(ctx context.Context, db *exampledb.DB, name string, cfg config, stopAt time.Time, lg *logger) error {
+func replica(ctx context.Context, db *exampledb.DB, name string, cfg config, stopAt time.Time, tracer advisory.AcquireTracer, lg *logger) error {
 	pool, err := db.Pool(ctx, exampledb.PoolOptions{AppName: "pgxlock-example-cron-" + name, MaxConns: 2, Schema: schema})
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	locker, err := advisory.New(pool, advisory.Config{})
+	locker, err := advisory.New(pool, advisory.Config{Tracer: tracer})
 	if err != nil {
 		return err
 	}
@@ -147,6 +182,32 @@ func replica(ctx context.Context, db *exampledb.DB, name string, cfg config, sto
 		next = time.Now().Truncate(cfg.Every).Add(cfg.Every)
 	}
 	return nil
+}
+
+// serveMetrics serves reg on http://addr/metrics until stop, which waits for the server's
+// goroutine.
+func serveMetrics(addr string, reg *prometheus.Registry) (url string, stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() { // owned: stop waits for it
+		defer close(done)
+		_ = srv.Serve(ln) // returns http.ErrServerClosed after Shutdown
+	}()
+	stop = func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			_ = srv.Close()
+		}
+		<-done
+	}
+	return "http://" + ln.Addr().String() + "/metrics", stop, nil
 }
 
 // runJob runs under the lock. It first records the tick in cron_runs: the lock stops two

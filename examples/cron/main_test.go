@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"regexp"
 	"strings"
 	"sync"
@@ -173,4 +176,40 @@ func (s *syncBuilder) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// --metrics-addr serves the lock metrics while the replicas run: scraped just before the
+// server stops, the acquisitions by result match the replicas' log, and nothing is left
+// held or waiting.
+func TestMetricsAddrServesLockMetrics(t *testing.T) {
+	url := extest.DatabaseURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out syncBuilder
+	var body string
+	cfg := config{URL: url, Replicas: 3, Name: "m", Every: 300 * time.Millisecond,
+		JobTime: 20 * time.Millisecond, Duration: 1200 * time.Millisecond, MetricsAddr: "127.0.0.1:0",
+		beforeMetricsStop: func(u string) {
+			resp, err := http.Get(u)
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			assert.NoError(t, err)
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			body = string(b)
+		}}
+	require.NoError(t, run(ctx, cfg, &out))
+	require.Contains(t, out.String(), "serving Prometheus metrics on http://127.0.0.1:")
+	got, busy := strings.Count(out.String(), "  got the lock"), strings.Count(out.String(), "skipped: another replica holds the lock")
+	require.Positive(t, got)
+	const labels = `mode="exclusive",namespace="cron",`
+	assert.Contains(t, body, fmt.Sprintf(`pgxlock_acquisitions_total{%sresult="acquired",scope="session"} %d`+"\n", labels, got))
+	if busy > 0 {
+		assert.Contains(t, body, fmt.Sprintf(`pgxlock_acquisitions_total{%sresult="busy",scope="session"} %d`+"\n", labels, busy))
+	}
+	assert.Contains(t, body, fmt.Sprintf(`pgxlock_hold_seconds_count{%sscope="session"} %d`+"\n", labels, got))
+	assert.Contains(t, body, `pgxlock_held{`+labels+`scope="session"} 0`+"\n")
+	assert.Contains(t, body, `pgxlock_waiting{`+labels+`scope="session"} 0`+"\n")
 }

@@ -1,0 +1,51 @@
+// Package pgxlockgoose is the migration lock for goose
+// (github.com/pressly/goose/v3) on PostgreSQL advisory locks, without
+// polling.
+//
+//	locker, err := pgxlockgoose.NewSessionLocker(pgxlockgoose.Config{})
+//	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations,
+//		goose.WithSessionLocker(locker))
+//
+// # Why
+//
+// goose's own lock.NewPostgresSessionLocker tries pg_try_advisory_lock and,
+// when the lock is busy, sleeps for its retry period (whole seconds, at
+// least 1 s) before trying again. Every process that finds the lock busy
+// therefore waits about a period longer than needed, and a newcomer can
+// take the lock ahead of a process that has waited longer. SessionLocker
+// waits in PostgreSQL instead (pg_advisory_lock): the next waiter in
+// PostgreSQL's queue gets the lock as soon as it is released. The wait is
+// bounded by PostgreSQL's lock_timeout, set for the lock statement only.
+//
+// # The key, and mixed fleets
+//
+// By default both lockers here take [GooseKey], the key of goose's own
+// PostgreSQL lockers (lock.DefaultLockID = 4097083626, the CRC-32 of
+// "goose", a single bigint). A fleet half-way through a rollout, some
+// processes on goose's locker and some on this one, still runs the
+// migrations one process at a time. "pgxlock locks" lists the holder as
+// key 4097083626. Config.Key sets another key (e.g. one per database
+// schema); use the same id in goose.WithLockID for processes still on
+// goose's locker.
+//
+// # Connections
+//
+// [SessionLocker] works on the *sql.Conn goose hands it, through
+// database/sql's Conn.Raw, and needs the pgx stdlib driver
+// (github.com/jackc/pgx/v5/stdlib: sql.Open("pgx", ...), stdlib.OpenDB or
+// stdlib.OpenDBFromPool). Its unlock checks PostgreSQL's answer: a false
+// unlock (the lock was lost) is an error matching advisory.ErrNotHeld. A
+// connection that may still hold the lock after an error is closed, so
+// database/sql never pools it.
+//
+// [Locker] (goose.WithLocker) takes the lock as an advisory.Lock handle
+// on a pgx pool of its own and reports a lock lost during the migrations
+// as an error from goose's Up.
+//
+// # Errors
+//
+// Failures are *advisory.LockError values (or advisory's own errors for
+// Locker) matching advisory.ErrLockTimeout, advisory.ErrDeadlock,
+// advisory.ErrNotHeld, advisory.ErrLockLost or advisory.ErrInvalid, with
+// the *pgconn.PgError kept in the chain.
+package pgxlockgoose
