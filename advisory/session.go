@@ -229,6 +229,8 @@ func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySe
 	if falses > 0 {
 		if falses < len(s.all) {
 			l.releaseAfterFailure(ctx, c)
+		} else {
+			c.MarkClean() // every key refused: the statement left nothing
 		}
 		return &LockError{Op: op, Keys: s.all, Err: join(ErrNotAcquired, ctx.Err())}
 	}
@@ -241,8 +243,9 @@ func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySe
 }
 
 // releaseAfterFailure drops every session-level advisory lock c may hold
-// after a failed lock statement, under a fresh bounded context; if that is
-// impossible, c is marked dirty so that it is destroyed.
+// after a failed lock statement (pooltx's reset), under a fresh bounded
+// context; if that is impossible, c is marked dirty so that it is
+// destroyed.
 func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 	if c.Conn().IsClosed() {
 		c.MarkDirty(errors.New("advisory: connection closed during lock"))
@@ -250,33 +253,22 @@ func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 	}
 	cctx, cancel := cleanupBound(ctx, c)
 	defer cancel()
-	if _, err := c.Conn().Exec(cctx, sqlUnlockAll); err != nil {
-		c.MarkDirty(&pooltx.CleanupError{Step: "unlock", Err: err})
-	}
+	_ = c.Reset(cctx) // a failure marks c dirty
 }
 
-// unlockSession releases the keys of s on c, in reverse order, and then
-// any other session-level advisory lock left on c, in one round trip under
-// a fresh bounded context. A false unlock (the lock was not held) or a
+// unlockSession releases the keys of s on c, in reverse order, then resets
+// the session (pooltx's reset: any other session-level advisory lock left
+// on c is dropped and every setting restored), in one round trip under a
+// fresh bounded context. A false unlock (the lock was not held) or a
 // failure marks c dirty.
 func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, shared bool) error {
 	cctx, cancel := cleanupBound(ctx, c)
 	defer cancel()
 	falses := 0
-	var err error
-	if len(s.all) == 1 {
-		sql, args := s.one(kindUnlock, shared, "")
-		var ok bool
-		err = c.Conn().QueryRow(cctx, sql, args...).Scan(&ok, nil)
-		if err == nil && !ok {
-			falses = 1
-		}
-	} else {
-		b := &pgx.Batch{}
-		s.queue(b, kindUnlock, shared, "", boolResults(&falses))
-		b.Queue(sqlUnlockAll)
-		err = c.Conn().SendBatch(cctx, b).Close()
-	}
+	b := &pgx.Batch{}
+	s.queue(b, kindUnlock, shared, "", boolResults(&falses))
+	c.QueueReset(b)
+	err := c.Conn().SendBatch(cctx, b).Close()
 	op := opName(kindUnlock, shared)
 	if err != nil {
 		cerr := &pooltx.CleanupError{Step: "unlock", Err: err}

@@ -147,7 +147,7 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 		PreambleContext: w.ctx,
 		Preamble: func(b *pgx.Batch) {
 			if timeout != "" {
-				b.Queue(sqlSaveTimeout, timeout)
+				b.Queue(sqlSetTimeout, timeout)
 			}
 			x.s.queue(b, xactOp(x.try), x.shared, "", check)
 			if timeout != "" {
