@@ -16,9 +16,10 @@ import (
 // releases the connection.
 //
 // fn may use conn, the connection that holds the lock; it must not close
-// it, keep it after returning, or change session settings. Any session-level
-// advisory lock fn leaves on conn is released with the lock; a transaction
-// fn leaves open destroys the connection.
+// it or keep it after returning. Any session-level advisory lock fn leaves
+// on conn is released with the lock, and any session setting fn changes is
+// reset (RESET ALL, in the unlock's round trip: see pooltx.Conn.Reset); a
+// transaction fn leaves open destroys the connection.
 //
 // ctx governs the wait for a connection, the wait for the lock and fn. The
 // wait ends with ErrLockTimeout after Options.Timeout, Config.LockTimeout or
