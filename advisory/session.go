@@ -266,10 +266,30 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, s
 	cctx, cancel := cleanupBound(ctx, c)
 	defer cancel()
 	falses := 0
-	b := &pgx.Batch{}
-	s.queue(b, kindUnlock, shared, "", boolResults(&falses))
-	c.QueueReset(b)
-	err := c.Conn().SendBatch(cctx, b).Close()
+	var err error
+	if len(s.all) == 1 {
+		// One key: one simple-protocol string, "unlock; reset". The key
+		// travels as an argument, which pgx renders as a numeric literal.
+		st := &sqlText[kindUnlock][b2i(shared)]
+		var ok bool
+		if v, isInt := s.all[0].Int64(); isInt {
+			err = c.Conn().QueryRow(cctx, st.oneReset1, pgx.QueryExecModeSimpleProtocol, v).Scan(&ok)
+		} else {
+			a, b, _ := s.all[0].Pair()
+			err = c.Conn().QueryRow(cctx, st.oneReset2, pgx.QueryExecModeSimpleProtocol, a, b).Scan(&ok)
+		}
+		if err == nil {
+			c.MarkClean() // the whole string ran: the reset included
+			if !ok {
+				falses = 1
+			}
+		}
+	} else {
+		b := &pgx.Batch{}
+		s.queue(b, kindUnlock, shared, "", boolResults(&falses))
+		c.QueueReset(b)
+		err = c.Conn().SendBatch(cctx, b).Close()
+	}
 	op := opName(kindUnlock, shared)
 	if err != nil {
 		cerr := &pooltx.CleanupError{Step: "unlock", Err: err}

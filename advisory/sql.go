@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgxlock/pgxlock/keys"
+	"github.com/pgxlock/pgxlock/pooltx"
 )
 
 // The SQL below is built once, at init, from the fixed PostgreSQL function
@@ -41,6 +42,10 @@ type statements struct {
 	// oneTimeout1/2: the single-key form with "SET LOCAL lock_timeout" for
 	// the one implicit transaction of the statement ($2 or $3).
 	oneTimeout1, oneTimeout2 string
+	// oneReset1/2 (unlock only): the single-key statement followed by
+	// pooltx's reset, one string for the simple protocol (one round trip,
+	// and as cheap on the client as a single statement).
+	oneReset1, oneReset2 string
 }
 
 var sqlText [numKinds][2]statements // [kind][shared]
@@ -66,6 +71,8 @@ func init() {
 				many2:       fmt.Sprintf("SELECT %s(a, b) FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS u(a, b, n) ORDER BY %s", fn, order),
 				oneTimeout1: fmt.Sprintf("SELECT %s($1) FROM (SELECT set_config('lock_timeout', $2, true)) AS s", fn),
 				oneTimeout2: fmt.Sprintf("SELECT %s($1, $2) FROM (SELECT set_config('lock_timeout', $3, true)) AS s", fn),
+				oneReset1:   fmt.Sprintf("SELECT %s($1); %s", fn, pooltx.ResetSQL),
+				oneReset2:   fmt.Sprintf("SELECT %s($1, $2); %s", fn, pooltx.ResetSQL),
 			}
 		}
 	}

@@ -5,12 +5,17 @@ import (
 	"fmt"
 )
 
-// Statements of the reset (see Conn.Reset). resetSQL is both in one
-// simple-protocol round trip; the two halves are for a caller's batch.
+// ResetSQL is the reset of [Conn.Reset] as one simple-protocol string. A
+// caller whose own last statement runs in the simple protocol may append
+// it ("...; " + ResetSQL, one round trip) and call [Conn.MarkClean] once
+// the whole string has succeeded.
+const ResetSQL = sqlUnlockAll + "; " + sqlResetAll
+
+// The two statements of the reset, for a caller's batch (Conn.QueueReset).
 const (
 	sqlUnlockAll = "SELECT pg_advisory_unlock_all()"
 	sqlResetAll  = "RESET ALL"
-	resetSQL     = sqlUnlockAll + "; " + sqlResetAll
+	resetSQL     = ResetSQL
 )
 
 // Outcomes of a transaction that fn asked to commit (fn returned nil) and

@@ -142,34 +142,36 @@ func (c *Conn) commit(ctx context.Context) error {
 		return joinCleanup(fmt.Errorf("%w: the context ended before COMMIT: %w", ErrNotCommitted, err), c.rollback(ctx))
 	}
 	failed := pg.TxStatus() == 'E' // COMMIT will answer ROLLBACK
-	results, err := pg.Exec(ctx, "COMMIT; "+resetSQL).ReadAll()
+	// One simple-protocol round trip: COMMIT, then the two statements of
+	// the reset. The server stops at the first error.
+	mrr := pg.Exec(ctx, "COMMIT; "+resetSQL)
+	results := 0
 	var commitErr error
-	switch {
-	case len(results) > 0 && results[0].Err != nil:
-		commitErr = results[0].Err
-	case len(results) > 0:
-		if failed || results[0].CommandTag.String() == "ROLLBACK" {
-			commitErr = pgx.ErrTxCommitRollback
+	for mrr.NextResult() {
+		tag, err := mrr.ResultReader().Close()
+		if results == 0 {
+			commitErr = err
+			if err == nil && (failed || tag.String() == "ROLLBACK") {
+				commitErr = pgx.ErrTxCommitRollback
+			}
 		}
-	case err != nil:
-		commitErr = err // no result for COMMIT itself
+		results++
 	}
-	if commitErr == nil {
-		// Committed. The reset ran after it unless err says otherwise.
-		if err != nil || len(results) < 3 {
+	err := mrr.Close()
+	if results == 0 {
+		commitErr = err // no answer to COMMIT itself
+	}
+	if commitErr == nil || errors.Is(commitErr, pgx.ErrTxCommitRollback) {
+		// COMMIT answered. The reset ran after it unless err says otherwise.
+		if err != nil || results < 3 {
 			c.MarkDirty(&CleanupError{Step: "reset", Err: errors.Join(err, errors.New("reset did not complete"))})
 		} else {
 			c.clean = true
+		}
+		if commitErr != nil {
+			return fmt.Errorf("%w: %w", ErrNotCommitted, commitErr)
 		}
 		return nil
-	}
-	if errors.Is(commitErr, pgx.ErrTxCommitRollback) {
-		if err != nil || len(results) < 3 {
-			c.MarkDirty(&CleanupError{Step: "reset", Err: errors.Join(err, errors.New("reset did not complete"))})
-		} else {
-			c.clean = true
-		}
-		return fmt.Errorf("%w: %w", ErrNotCommitted, commitErr)
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(commitErr, &pgErr) && pgErr.Severity == "ERROR" && !c.conn.IsClosed() && pg.TxStatus() == 'I' {
