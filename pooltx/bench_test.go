@@ -17,13 +17,15 @@ import (
 // call counted on the pool's socket. Compare runs with benchstat:
 //
 //	go test -run '^$' -bench . -benchmem -benchtime=2000x -count 6 ./pooltx/
-func benchPool(b *testing.B) (*pgxpool.Pool, *roundtrip.Counter) {
+
+// countedPool is a pool of one connection whose round trips are counted,
+// without health-check pings (they would be counted as the call's trips).
+func countedPool(b testing.TB) (*pgxpool.Pool, *roundtrip.Counter) {
 	b.Helper()
 	rt := &roundtrip.Counter{}
 	cfg := pgtest.Config(b)
 	cfg.MaxConns = 1
 	cfg.ConnConfig.DialFunc = rt.DialFunc
-	// No health-check pings: they would be counted as the call's trips.
 	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
 	return pgtest.NewPool(b, cfg), rt
 }
@@ -48,7 +50,7 @@ func benchRun(b *testing.B, rt *roundtrip.Counter, op func(ctx context.Context) 
 }
 
 func BenchmarkWithConn(b *testing.B) {
-	pool, rt := benchPool(b)
+	pool, rt := countedPool(b)
 	benchRun(b, rt, func(ctx context.Context) error {
 		return pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
 			_, err := c.Conn().Exec(ctx, "SELECT $1::int", 1)
@@ -58,7 +60,7 @@ func BenchmarkWithConn(b *testing.B) {
 }
 
 func BenchmarkWithTx(b *testing.B) {
-	pool, rt := benchPool(b)
+	pool, rt := countedPool(b)
 	benchRun(b, rt, func(ctx context.Context) error {
 		return pooltx.WithTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "SELECT $1::int", 1)
@@ -68,7 +70,7 @@ func BenchmarkWithTx(b *testing.B) {
 }
 
 func BenchmarkWithTxRollback(b *testing.B) {
-	pool, rt := benchPool(b)
+	pool, rt := countedPool(b)
 	benchRun(b, rt, func(ctx context.Context) error {
 		err := pooltx.WithTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "SELECT $1::int", 1)

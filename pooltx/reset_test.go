@@ -7,12 +7,12 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlock/pgxlock/internal/pgtest"
-	"github.com/pgxlock/pgxlock/internal/roundtrip"
 	"github.com/pgxlock/pgxlock/pooltx"
 )
 
@@ -40,25 +40,43 @@ func stateOfNextBorrower(ctx context.Context, t *testing.T, pool *pgxpool.Pool) 
 	return s
 }
 
-// dirtySQL are the statements a careless callback runs. Inside a
-// transaction, each is session-level all the same: the lock survives
-// COMMIT and ROLLBACK alike, the SETs survive COMMIT.
-func dirtySQL(key int64) []string {
-	return []string{
+// execer is what both *pgx.Conn and pgx.Tx offer.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// leaveDirty runs what a careless callback runs. Inside a transaction each
+// statement is session-level all the same: the lock survives COMMIT and
+// ROLLBACK alike, the SETs survive COMMIT.
+func leaveDirty(ctx context.Context, e execer, key int64) error {
+	for _, sql := range []string{
 		fmt.Sprintf("SELECT pg_advisory_lock(%d)", key),
 		"SET search_path = pg_catalog",
 		"SET statement_timeout = '4321ms'",
 		"SET lock_timeout = '1234ms'",
-	}
-}
-
-func execAll(ctx context.Context, exec func(ctx context.Context, sql string, args ...any) error, stmts []string) error {
-	for _, s := range stmts {
-		if err := exec(ctx, s); err != nil {
+	} {
+		if _, err := e.Exec(ctx, sql); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// failWith returns err when work succeeded.
+func failWith(work, err error) error {
+	if work != nil {
+		return work
+	}
+	return err
+}
+
+// expect returns nil when err is want, and an error saying what came
+// otherwise.
+func expect(err, want error) error {
+	if errors.Is(err, want) {
+		return nil
+	}
+	return fmt.Errorf("want %v, got %v", want, err)
 }
 
 // The rule of the package, on a pool of one connection: whatever a callback
@@ -78,26 +96,13 @@ func TestNextBorrowerGetsNoLockAndNoSetting(t *testing.T) {
 	}{
 		{"WithConn", func(ctx context.Context, pool *pgxpool.Pool, key int64) error {
 			return pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
-				return execAll(ctx, func(ctx context.Context, sql string, args ...any) error {
-					_, err := c.Conn().Exec(ctx, sql, args...)
-					return err
-				}, dirtySQL(key))
+				return leaveDirty(ctx, c.Conn(), key)
 			})
 		}},
 		{"WithConn error", func(ctx context.Context, pool *pgxpool.Pool, key int64) error {
-			err := pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
-				if err := execAll(ctx, func(ctx context.Context, sql string, args ...any) error {
-					_, err := c.Conn().Exec(ctx, sql, args...)
-					return err
-				}, dirtySQL(key)); err != nil {
-					return err
-				}
-				return errWork
-			})
-			if errors.Is(err, errWork) {
-				return nil
-			}
-			return fmt.Errorf("want errWork, got %v", err)
+			return expect(pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
+				return failWith(leaveDirty(ctx, c.Conn(), key), errWork)
+			}), errWork)
 		}},
 		{"Acquire and Release", func(ctx context.Context, pool *pgxpool.Pool, key int64) error {
 			c, err := pooltx.Acquire(ctx, pool, nil)
@@ -105,54 +110,31 @@ func TestNextBorrowerGetsNoLockAndNoSetting(t *testing.T) {
 				return err
 			}
 			defer c.Release()
-			return execAll(ctx, func(ctx context.Context, sql string, args ...any) error {
-				_, err := c.Conn().Exec(ctx, sql, args...)
-				return err
-			}, dirtySQL(key))
+			return leaveDirty(ctx, c.Conn(), key)
 		}},
 		{"WithTx commit", func(ctx context.Context, pool *pgxpool.Pool, key int64) error {
 			return pooltx.WithTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
-				return execAll(ctx, func(ctx context.Context, sql string, args ...any) error {
-					_, err := tx.Exec(ctx, sql, args...)
-					return err
-				}, dirtySQL(key))
+				return leaveDirty(ctx, tx, key)
 			})
 		}},
 		{"WithTx rollback", func(ctx context.Context, pool *pgxpool.Pool, key int64) error {
 			// A session lock survives ROLLBACK; the SETs do not.
-			err := pooltx.WithTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
-				if err := execAll(ctx, func(ctx context.Context, sql string, args ...any) error {
-					_, err := tx.Exec(ctx, sql, args...)
-					return err
-				}, dirtySQL(key)); err != nil {
-					return err
-				}
-				return errWork
-			})
-			if errors.Is(err, errWork) {
-				return nil
-			}
-			return fmt.Errorf("want errWork, got %v", err)
+			return expect(pooltx.WithTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+				return failWith(leaveDirty(ctx, tx, key), errWork)
+			}), errWork)
 		}},
 		{"WithTx serializable", func(ctx context.Context, pool *pgxpool.Pool, key int64) error {
-			return pooltx.WithTx(ctx, pool, &pooltx.TxOptions{Tx: pgx.TxOptions{IsoLevel: pgx.Serializable}},
-				func(ctx context.Context, tx pgx.Tx) error {
-					return execAll(ctx, func(ctx context.Context, sql string, args ...any) error {
-						_, err := tx.Exec(ctx, sql, args...)
-						return err
-					}, dirtySQL(key))
-				})
+			opts := &pooltx.TxOptions{Tx: pgx.TxOptions{IsoLevel: pgx.Serializable}}
+			return pooltx.WithTx(ctx, pool, opts, func(ctx context.Context, tx pgx.Tx) error {
+				return leaveDirty(ctx, tx, key)
+			})
 		}},
 		{"WithTx callback commits itself", func(ctx context.Context, pool *pgxpool.Pool, key int64) error {
 			return pooltx.WithTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
 				if err := tx.Commit(ctx); err != nil {
 					return err
 				}
-				// Now outside any transaction: session state all the same.
-				return execAll(ctx, func(ctx context.Context, sql string, args ...any) error {
-					_, err := tx.Conn().Exec(ctx, sql, args...)
-					return err
-				}, dirtySQL(key))
+				return leaveDirty(ctx, tx.Conn(), key) // now outside any transaction
 			})
 		}},
 	}
@@ -198,7 +180,7 @@ func TestResetUndoesAfterConnectSettings(t *testing.T) {
 // for it.
 func TestResetRoundTrips(t *testing.T) {
 	ctx := testCtx(t)
-	pool, rt := newCountedPool(t)
+	pool, rt := countedPool(t)
 	for range 2 { // the second call runs on prepared statements
 		rt.Reset()
 		require.NoError(t, pooltx.WithTx(ctx, pool, nil, func(context.Context, pgx.Tx) error { return nil }))
@@ -207,14 +189,4 @@ func TestResetRoundTrips(t *testing.T) {
 	rt.Reset()
 	require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(context.Context, *pooltx.Conn) error { return nil }))
 	assert.EqualValues(t, 1, rt.Count(), "the reset at release")
-}
-
-func newCountedPool(t *testing.T) (*pgxpool.Pool, *roundtrip.Counter) {
-	t.Helper()
-	rt := &roundtrip.Counter{}
-	cfg := pgtest.Config(t)
-	cfg.MaxConns = 1
-	cfg.ConnConfig.DialFunc = rt.DialFunc
-	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-	return pgtest.NewPool(t, cfg), rt
 }
