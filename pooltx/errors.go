@@ -32,7 +32,9 @@ var (
 
 	// ErrCommitUnknown: COMMIT was sent and no answer came (the
 	// connection failed, or the context ended while waiting for it), so
-	// the transaction may or may not have committed. The connection was
+	// the transaction may or may not have committed; or the connection was
+	// lost under a callback that returned nil all the same (only a commit
+	// the callback ran itself may have happened). The connection was
 	// destroyed. Before doing the work again, check whether it took
 	// effect, or make it idempotent.
 	ErrCommitUnknown = errors.New("pooltx: commit outcome unknown")
