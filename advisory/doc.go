@@ -39,12 +39,13 @@
 // unlock may run on another connection (and fail), and the locked
 // connection goes back to the pool still holding the lock for the next
 // borrower. Every call here pins one connection from acquire to unlock.
-// After an unlock the library also calls pg_advisory_unlock_all in the same
-// round trip, so even a lock the callback took again on the pinned
-// connection (locks stack: two locks need two unlocks) does not survive
-// into the pool. The unlock's boolean is checked: false means the lock was
-// not held any more, which the call reports as [ErrNotHeld] while the
-// connection is destroyed.
+// The unlock shares its round trip with pooltx's reset
+// (pg_advisory_unlock_all and RESET ALL), so neither a lock the callback
+// took again on the pinned connection (locks stack: two locks need two
+// unlocks) nor a setting it changed survives into the pool; a
+// transaction-scope call resets in COMMIT's round trip the same way. The
+// unlock's boolean is checked: false means the lock was not held any more,
+// which the call reports as [ErrNotHeld] while the connection is destroyed.
 //
 // # Stacking
 //
@@ -79,8 +80,9 @@
 // else only by the context. The bound, and a context deadline (whichever is
 // sooner), becomes PostgreSQL's lock_timeout for that wait only: set with
 // set_config(..., true) inside the lock statement's own implicit
-// transaction for session locks, and restored before the callback for
-// transaction locks. It never reaches the pool. PostgreSQL applies
+// transaction for session locks, and, for transaction locks, set back to
+// the connection's default (SET LOCAL lock_timeout TO DEFAULT) before the
+// callback. It never reaches the pool. PostgreSQL applies
 // lock_timeout to each lock wait separately; for a multi-key call the lock
 // statement sets it again before each key to what is left of the bound,
 // measured on the server from the start of the statement's transaction, so

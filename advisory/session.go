@@ -16,9 +16,10 @@ import (
 // releases the connection.
 //
 // fn may use conn, the connection that holds the lock; it must not close
-// it, keep it after returning, or change session settings. Any session-level
-// advisory lock fn leaves on conn is released with the lock; a transaction
-// fn leaves open destroys the connection.
+// it or keep it after returning. Any session-level advisory lock fn leaves
+// on conn is released with the lock, and any session setting fn changes is
+// reset (RESET ALL, in the unlock's round trip: see pooltx.Conn.Reset); a
+// transaction fn leaves open destroys the connection.
 //
 // ctx governs the wait for a connection, the wait for the lock and fn. The
 // whole wait is bounded by Options.Timeout, else Config.LockTimeout, and by
@@ -250,6 +251,8 @@ func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySe
 	if falses > 0 {
 		if falses < len(s.all) {
 			l.releaseAfterFailure(ctx, c)
+		} else {
+			c.MarkClean() // every key refused: the statement left nothing
 		}
 		return &LockError{Op: op, Keys: s.all, Err: join(ErrNotAcquired, ctx.Err())}
 	}
@@ -262,8 +265,9 @@ func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySe
 }
 
 // releaseAfterFailure drops every session-level advisory lock c may hold
-// after a failed lock statement, under a fresh bounded context; if that is
-// impossible, c is marked dirty so that it is destroyed.
+// after a failed lock statement (pooltx's reset), under a fresh bounded
+// context; if that is impossible, c is marked dirty so that it is
+// destroyed.
 func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 	if c.Conn().IsClosed() {
 		c.MarkDirty(errors.New("advisory: connection closed during lock"))
@@ -271,14 +275,13 @@ func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 	}
 	cctx, cancel := cleanupBound(ctx, c)
 	defer cancel()
-	if _, err := c.Conn().Exec(cctx, sqlUnlockAll); err != nil {
-		c.MarkDirty(&pooltx.CleanupError{Step: "unlock", Err: err})
-	}
+	_ = c.Reset(cctx) // a failure marks c dirty
 }
 
-// unlockSession releases the keys of s on c, in reverse order, and then
-// any other session-level advisory lock left on c, in one round trip under
-// a fresh bounded context. A false unlock (the lock was not held) or a
+// unlockSession releases the keys of s on c, in reverse order, then resets
+// the session (pooltx's reset: any other session-level advisory lock left
+// on c is dropped and every setting restored), in one round trip under a
+// fresh bounded context. A false unlock (the lock was not held) or a
 // failure marks c dirty.
 func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, shared bool) error {
 	cctx, cancel := cleanupBound(ctx, c)
@@ -286,16 +289,26 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, s
 	falses := 0
 	var err error
 	if len(s.all) == 1 {
-		sql, args := s.one(kindUnlock, shared, "")
+		// One key: one simple-protocol string, "unlock; reset". The key
+		// travels as an argument, which pgx renders as a numeric literal.
+		st := &sqlText[kindUnlock][b2i(shared)]
 		var ok bool
-		err = c.Conn().QueryRow(cctx, sql, args...).Scan(&ok, nil)
-		if err == nil && !ok {
-			falses = 1
+		if v, isInt := s.all[0].Int64(); isInt {
+			err = c.Conn().QueryRow(cctx, st.oneReset1, pgx.QueryExecModeSimpleProtocol, v).Scan(&ok)
+		} else {
+			a, b, _ := s.all[0].Pair()
+			err = c.Conn().QueryRow(cctx, st.oneReset2, pgx.QueryExecModeSimpleProtocol, a, b).Scan(&ok)
+		}
+		if err == nil {
+			c.MarkClean() // the whole string ran: the reset included
+			if !ok {
+				falses = 1
+			}
 		}
 	} else {
 		b := &pgx.Batch{}
 		s.queue(b, kindUnlock, shared, 0, boolResults(&falses))
-		b.Queue(sqlUnlockAll)
+		c.QueueReset(b)
 		err = c.Conn().SendBatch(cctx, b).Close()
 	}
 	op := opName(kindUnlock, shared)

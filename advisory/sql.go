@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgxlock/pgxlock/keys"
+	"github.com/pgxlock/pgxlock/pooltx"
 )
 
 // The SQL below is built once, at init, from the fixed PostgreSQL function
@@ -48,10 +49,10 @@ type statements struct {
 	// applies lock_timeout to each lock wait, and the bound is the whole
 	// call's. A key that is free is granted even when nothing is left.
 	manyBound1, manyBound2 string
-	// oneAll1/2 (unlock only): unlock one key, then drop any other
-	// session-level advisory lock of the session, in one statement (the
-	// target list is evaluated left to right).
-	oneAll1, oneAll2 string
+	// oneReset1/2 (unlock only): the single-key statement followed by
+	// pooltx's reset, one string for the simple protocol (one round trip,
+	// and as cheap on the client as a single statement).
+	oneReset1, oneReset2 string
 }
 
 var sqlText [numKinds][2]statements // [kind][shared]
@@ -79,8 +80,8 @@ func init() {
 				oneTimeout2: fmt.Sprintf("SELECT %s($1, $2) FROM (SELECT set_config('lock_timeout', $3, true)) AS s", fn),
 				manyBound1:  fmt.Sprintf("SELECT set_config('lock_timeout', %s, true), %s(k) FROM unnest($1::int8[]) WITH ORDINALITY AS u(k, n) ORDER BY n", leftOf("$2"), fn),
 				manyBound2:  fmt.Sprintf("SELECT set_config('lock_timeout', %s, true), %s(a, b) FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS u(a, b, n) ORDER BY n", leftOf("$3"), fn),
-				oneAll1:     fmt.Sprintf("SELECT %s($1), pg_advisory_unlock_all()", fn),
-				oneAll2:     fmt.Sprintf("SELECT %s($1, $2), pg_advisory_unlock_all()", fn),
+				oneReset1:   fmt.Sprintf("SELECT %s($1); %s", fn, pooltx.ResetSQL),
+				oneReset2:   fmt.Sprintf("SELECT %s($1, $2); %s", fn, pooltx.ResetSQL),
 			}
 		}
 	}
@@ -96,14 +97,16 @@ func leftOf(param string) string {
 }
 
 const (
-	// sqlSaveTimeout and sqlRestoreTimeout bracket the lock statements of
-	// a transaction-scope call so that the callback runs with the
-	// lock_timeout it would have had without us. The saved value lives in
-	// a transaction-local placeholder setting.
-	sqlSaveTimeout    = "SELECT set_config('pgxlock.saved_lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', $1, true)"
-	sqlRestoreTimeout = "SELECT set_config('lock_timeout', current_setting('pgxlock.saved_lock_timeout'), true)"
-	// sqlUnlockAll drops every session-level advisory lock of the session.
-	sqlUnlockAll = "SELECT pg_advisory_unlock_all()"
+	// sqlSetTimeout sets lock_timeout until the end of the current
+	// (implicit or explicit) transaction: SET LOCAL with a parameter.
+	sqlSetTimeout = "SELECT set_config('lock_timeout', $1, true)"
+	// sqlRestoreTimeout follows the lock statements of a transaction-scope
+	// call that set lock_timeout (sqlSetTimeout), so that the callback runs
+	// with the connection's default lock_timeout: the value at connection
+	// start, which is the session's own, since no pooled connection keeps
+	// a session SET (pooltx resets every one it releases). It stores
+	// nothing: no placeholder setting outlives the call.
+	sqlRestoreTimeout = "SET LOCAL lock_timeout TO DEFAULT"
 )
 
 // keySet is a validated, sorted, de-duplicated set of keys split by key
@@ -141,23 +144,16 @@ func newKeySet(ks []keys.Key, max int) (keySet, error) {
 
 // one returns the statement and arguments that apply kind to the single
 // key of s (len(s.all) == 1), with the timeout in the statement when set.
-// For kindUnlock it is the unlock-then-unlock-all statement.
 func (s *keySet) one(k kind, shared bool, timeout string) (string, []any) {
 	st := &sqlText[k][b2i(shared)]
 	if v, ok := s.all[0].Int64(); ok {
-		switch {
-		case k == kindUnlock:
-			return st.oneAll1, []any{v}
-		case timeout != "":
+		if timeout != "" {
 			return st.oneTimeout1, []any{v, timeout}
 		}
 		return st.one1, []any{v}
 	}
 	a, b, _ := s.all[0].Pair()
-	switch {
-	case k == kindUnlock:
-		return st.oneAll2, []any{a, b}
-	case timeout != "":
+	if timeout != "" {
 		return st.oneTimeout2, []any{a, b, timeout}
 	}
 	return st.one2, []any{a, b}
@@ -182,12 +178,6 @@ func (s *keySet) queue(b *pgx.Batch, k kind, shared bool, bound time.Duration, c
 			timeout = formatTimeout(bound)
 		}
 		sql, args := s.one(k, shared, timeout)
-		if k == kindUnlock {
-			sql = sqlText[k][b2i(shared)].one1
-			if _, ok := s.all[0].Int64(); !ok {
-				sql = sqlText[k][b2i(shared)].one2
-			}
-		}
 		add(sql, args...)
 		return
 	}

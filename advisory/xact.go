@@ -17,15 +17,27 @@ import (
 // lock lasts until the transaction ends: nothing is unlocked by hand, and a
 // rollback, a failed commit or a dead connection releases it.
 //
-// fn runs with the lock_timeout the session had before the call (the
-// wait's own timeout is restored before fn). ctx governs the wait for a
-// connection, the lock wait (as for WithLock), fn and COMMIT. When fn
-// returns an error or the wait fails, the transaction is rolled back under
-// a fresh context bounded by Config.CleanupTimeout; a panic in fn destroys
-// the connection and is re-raised.
+// fn runs with the connection's default lock_timeout (the server's,
+// database's, role's or connection string's: the wait's own timeout is set
+// back with SET LOCAL lock_timeout TO DEFAULT before fn, storing nothing).
+// ctx governs the wait for a connection, the lock wait (as for WithLock),
+// fn and COMMIT. When fn returns an error or the wait fails, the
+// transaction is rolled back under a fresh context bounded by
+// Config.CleanupTimeout; a panic in fn destroys the connection and is
+// re-raised. After the call the pooled connection holds no advisory lock
+// and no setting fn changed, a session-level lock or SET included: COMMIT
+// or ROLLBACK shares its round trip with pooltx's reset.
+//
+// fn may commit or roll back the transaction itself: that is accepted, its
+// outcome stands, and the lock ends with it (whatever fn runs afterwards
+// runs unlocked and outside the transaction).
 //
 // It returns fn's error or COMMIT's error unchanged, or a *LockError
 // matching ErrLockTimeout, ErrDeadlock, ErrTooManyLocks or ErrInvalid.
+// COMMIT's errors match pooltx.ErrNotCommitted (nothing was committed,
+// including when ctx ended before COMMIT was sent) or
+// pooltx.ErrCommitUnknown (COMMIT went unanswered: the work may or may not
+// be committed; the connection is destroyed).
 func (l *Locker) WithXactLock(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	return l.withXact(ctx, []keys.Key{key}, opts, false, fn)
 }
@@ -163,7 +175,7 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 		PreambleContext: w.ctx,
 		Preamble: func(b *pgx.Batch) {
 			if timeout != "" {
-				b.Queue(sqlSaveTimeout, timeout)
+				b.Queue(sqlSetTimeout, timeout)
 			}
 			x.s.queue(b, xactOp(x.try), x.shared, bound, check)
 			if timeout != "" {

@@ -36,12 +36,14 @@ type link struct {
 	client, server net.Conn
 	cut            atomic.Bool // drop every byte, both ways, keep the sockets open
 	once           sync.Once
+	closed         chan struct{} // closed by close
 }
 
 func (l *link) close() {
 	l.once.Do(func() {
 		_ = l.client.Close()
 		_ = l.server.Close()
+		close(l.closed)
 	})
 }
 
@@ -84,7 +86,7 @@ func (p *tcpProxy) accept() {
 			_ = c.Close()
 			continue
 		}
-		l := &link{client: c, server: s}
+		l := &link{client: c, server: s, closed: make(chan struct{})}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
@@ -121,6 +123,12 @@ func (p *tcpProxy) pump(l *link, dst, src net.Conn, count *atomic.Int64) {
 			}
 		}
 		if err != nil {
+			if l.cut.Load() {
+				// A partition does not carry a close either (the client
+				// closing its socket, say): the other end stays open until
+				// CloseCut or Close.
+				<-l.closed
+			}
 			return
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -49,6 +50,7 @@ type Conn struct {
 	conn    *pgx.Conn
 	timeout time.Duration
 	dirty   error
+	clean   bool // the session is known to be as the pool gave it: Release skips the reset
 }
 
 // Acquire pins one connection of pool. ctx governs only the wait for a
@@ -90,27 +92,112 @@ func (c *Conn) MarkDirty(reason error) {
 // Dirty returns the reason the connection was marked dirty, or nil.
 func (c *Conn) Dirty() error { return c.dirty }
 
-// Release ends the pin. A connection that is clean (not marked dirty, open,
-// not busy, outside any transaction) goes back to the pool; any other is
-// hijacked out of the pool and closed under a bounded cleanup context, so
-// the server ends its session and every lock it held. Release is
+// Release ends the pin. A connection that is open, not busy, outside any
+// transaction (TxStatus 'I') and not marked dirty is reset ([Conn.Reset]:
+// its session-level advisory locks dropped and its settings restored, one
+// round trip) unless that has already been done, and goes back to the pool;
+// any other, and one whose reset fails, is hijacked out of the pool and
+// closed, so the server ends its session and every lock it held. Release is
 // idempotent and reports whether the connection was destroyed.
 func (c *Conn) Release() (destroyed bool) {
 	if c.pc == nil {
 		return false
 	}
+	pg := c.conn.PgConn()
+	if c.dirty == nil && !c.clean && !c.conn.IsClosed() && !pg.IsBusy() && pg.TxStatus() == 'I' {
+		c.resetBounded()
+	}
 	pc := c.pc
 	c.pc = nil
-	pg := c.conn.PgConn()
 	if c.dirty == nil && !c.conn.IsClosed() && !pg.IsBusy() && pg.TxStatus() == 'I' {
 		pc.Release()
 		return false
 	}
 	raw := pc.Hijack()
-	ctx, cancel := CleanupContext(context.Background(), c.timeout)
-	defer cancel()
-	_ = raw.Close(ctx) // the session ends either way: Close drops the socket on error
+	closeNow(raw, c.timeout)
 	return true
+}
+
+// closeNow closes a connection that must not be reused so that its backend
+// exits, and its locks go, as soon as the server reads the socket.
+//
+// A connection pgx has not closed yet gets pgx's own close (Terminate,
+// then the socket), bounded by timeout. One that pgx has already given up
+// on (a context that ended mid-statement, a read that failed) is being
+// closed by pgx in the background, which first sends a cancel request on a
+// new connection (a TCP connect, over TLS a handshake too, and the
+// postmaster's fork: 85-500 ms each on a loaded 2-core machine, and a
+// backend of the race suite kept its locks for over 5 s) and only then
+// writes Terminate and closes the socket, draining for up to 15 s. Until
+// then the backend, idle in its transaction, keeps every lock it holds. So
+// the socket is closed here at once as well: a backend that is not waiting
+// for a lock reads EOF and exits in milliseconds. (One that is still waiting
+// for a lock does not read its socket; the cancel request ends that wait,
+// or the backend exits as soon as the lock is granted and it finds the
+// socket closed.)
+func closeNow(raw *pgx.Conn, timeout time.Duration) {
+	pg := raw.PgConn()
+	if !raw.IsClosed() {
+		ctx, cancel := CleanupContext(context.Background(), timeout)
+		_ = raw.Close(ctx) // the session ends either way: Close drops the socket on error
+		cancel()
+	}
+	// Idempotent for a socket pgx closed itself; concurrent with pgx's
+	// background close otherwise, which then fails its writes and stops.
+	_ = pg.Conn().Close()
+}
+
+// Reset returns the session of c to what the pool gave out, as far as the
+// rule of the package goes: it drops every session-level advisory lock
+// (pg_advisory_unlock_all) and undoes every session setting (RESET ALL),
+// in one round trip under ctx. On success c counts as clean and Release
+// returns it to the pool without a further round trip, provided nothing
+// else runs on c in between. A failure marks c dirty and returns a
+// *CleanupError with Step "reset". It must not run inside a transaction
+// (RESET ALL there would be undone by a rollback).
+//
+// RESET ALL restores each setting to its value at connection start: the
+// server's, database's and role's defaults and the connection string's
+// RuntimeParams survive; a SET run in pgxpool's AfterConnect does not (put
+// such settings in ConnConfig.RuntimeParams instead).
+func (c *Conn) Reset(ctx context.Context) error {
+	if _, err := c.conn.Exec(ctx, resetSQL); err != nil {
+		cerr := &CleanupError{Step: "reset", Err: err}
+		c.MarkDirty(cerr)
+		return cerr
+	}
+	c.clean = true
+	return nil
+}
+
+// QueueReset adds the statements of [Conn.Reset] to b, for a caller whose
+// own last statements (an unlock, say) go out in the same round trip. c
+// counts as clean once b's results have been read without error; nothing
+// else may run on c between b and Release.
+func (c *Conn) QueueReset(b *pgx.Batch) {
+	b.Queue(sqlUnlockAll)
+	b.Queue(sqlResetAll).Exec(func(pgconn.CommandTag) error {
+		c.clean = true
+		return nil
+	})
+}
+
+// MarkClean records that nothing run on c since it was acquired (or last
+// reset) can have left a session-level lock or changed a setting, for
+// example a try-lock that was refused: Release then returns c to the pool
+// without the reset. The caller vouches for every statement that ran; it
+// must not be used once the connection was handed to code it does not
+// control.
+func (c *Conn) MarkClean() { c.clean = true }
+
+// resetBounded runs Reset under the cleanup bound: a deadline on the
+// socket rather than a watched context, which costs pgx nothing. A reset
+// cut short by the deadline fails, and c is destroyed.
+func (c *Conn) resetBounded() {
+	nc := c.conn.PgConn().Conn()
+	_ = nc.SetDeadline(time.Now().Add(c.timeout))
+	_ = c.Reset(context.Background())
+	_ = nc.SetDeadline(time.Time{})
 }
 
 // Destroy marks the connection dirty with reason and releases it, which
@@ -121,8 +208,11 @@ func (c *Conn) Destroy(reason error) {
 }
 
 // WithConn pins one connection of pool, runs fn with it, and releases it by
-// the rule in the package doc. ctx governs acquiring the connection and is
-// passed to fn. fn's error is returned as is. A panic in fn destroys the
+// the rule in the package doc: whatever fn did, the connection goes back to
+// the pool with no session-level advisory lock and no changed setting (one
+// round trip, see [Conn.Reset]), or it is destroyed. ctx governs acquiring
+// the connection and is passed to fn; the reset runs under the cleanup
+// bound. fn's error is returned as is. A panic in fn destroys the
 // connection and is re-raised. fn must not call Release itself.
 func WithConn(ctx context.Context, pool *pgxpool.Pool, opts *ConnOptions, fn func(ctx context.Context, c *Conn) error) error {
 	c, err := Acquire(ctx, pool, opts)

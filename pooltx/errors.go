@@ -1,6 +1,44 @@
 package pooltx
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
+
+// ResetSQL is the reset of [Conn.Reset] as one simple-protocol string. A
+// caller whose own last statement runs in the simple protocol may append
+// it ("...; " + ResetSQL, one round trip) and call [Conn.MarkClean] once
+// the whole string has succeeded.
+const ResetSQL = sqlUnlockAll + "; " + sqlResetAll
+
+// The two statements of the reset, for a caller's batch (Conn.QueueReset).
+const (
+	sqlUnlockAll = "SELECT pg_advisory_unlock_all()"
+	sqlResetAll  = "RESET ALL"
+	resetSQL     = ResetSQL
+)
+
+// Outcomes of a transaction that fn asked to commit (fn returned nil) and
+// that did not commit cleanly. Both wrap the cause (a *pgconn.PgError,
+// pgx.ErrTxCommitRollback, a context's error or a network error).
+var (
+	// ErrNotCommitted: the transaction was not committed and nothing fn
+	// did in it is kept; it is safe to run the work again. The context
+	// ended before COMMIT was sent (the transaction was rolled back), or
+	// the server refused COMMIT (a deferred constraint, a serialization
+	// failure: its *pgconn.PgError is in the chain), or the transaction
+	// had already failed (pgx.ErrTxCommitRollback).
+	ErrNotCommitted = errors.New("pooltx: transaction not committed")
+
+	// ErrCommitUnknown: COMMIT was sent and no answer came (the
+	// connection failed, or the context ended while waiting for it), so
+	// the transaction may or may not have committed; or the connection was
+	// lost under a callback that returned nil all the same (only a commit
+	// the callback ran itself may have happened). The connection was
+	// destroyed. Before doing the work again, check whether it took
+	// effect, or make it idempotent.
+	ErrCommitUnknown = errors.New("pooltx: commit outcome unknown")
+)
 
 // CleanupError reports a cleanup step that failed after the work: the
 // connection it ran on has been destroyed. Step names the operation

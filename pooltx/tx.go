@@ -3,6 +3,7 @@ package pooltx
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,15 +37,31 @@ type TxOptions struct {
 
 // WithTx pins one connection of pool, begins a transaction together with
 // opts.Preamble in one round trip, runs fn, and commits when fn returns nil.
+// The COMMIT and the reset of the session ([Conn.Reset]: session-level
+// advisory locks dropped, settings restored) share one round trip, so a
+// session lock or a SET that fn left behind never reaches the pool.
 //
 // ctx governs acquiring, BEGIN with the preamble, fn and COMMIT. When the
-// preamble or fn fails, the transaction is rolled back under a fresh context
-// bounded by the cleanup timeout and fn's error is returned. When fn panics,
-// the connection is destroyed (which ends the transaction server-side) and
-// the panic is re-raised. A COMMIT whose outcome cannot be known (the
-// connection failed during it) destroys the connection and returns the
-// error; a COMMIT the server turned into a rollback returns
-// pgx.ErrTxCommitRollback.
+// preamble or fn fails, the transaction is rolled back (and the session
+// reset, in the same round trip) under a fresh context bounded by the
+// cleanup timeout, and fn's error is returned. When fn panics, the
+// connection is destroyed (which ends the transaction server-side) and the
+// panic is re-raised.
+//
+// fn may end the transaction itself (tx.Commit, tx.Rollback, or the SQL):
+// that is accepted, what fn did is the outcome, and WithTx returns fn's nil
+// after resetting the session; what fn ran after that ran outside any
+// transaction. The errors of fn's own Commit are fn's to return.
+//
+// When fn returned nil but the transaction was not committed, the error
+// matches [ErrNotCommitted]: the context ended before COMMIT was sent (it
+// also matches the context's error; the transaction was rolled back and
+// the connection kept), or the server refused the COMMIT (its
+// *pgconn.PgError, such as a deferred constraint or a serialization
+// failure, is in the chain), or the transaction had already failed
+// (pgx.ErrTxCommitRollback). When COMMIT was sent but no answer came (the
+// connection failed, or the context ended while waiting), the error matches
+// [ErrCommitUnknown] and the connection is destroyed.
 func WithTx(ctx context.Context, pool *pgxpool.Pool, opts *TxOptions, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	var timeout time.Duration
 	if opts != nil {
@@ -77,6 +94,7 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 	if opts == nil {
 		opts = &TxOptions{}
 	}
+	c.clean = false
 	b := &pgx.Batch{}
 	b.BeginTx(opts.Tx)
 	if opts.Preamble != nil {
@@ -91,41 +109,105 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 	if err := br.Close(); err != nil {
 		// BEGIN may or may not have run: roll back whatever is open. A
 		// failure here (or a connection pgx already closed) destroys c.
-		return joinCleanup(err, c.rollback(ctx, tx))
+		return joinCleanup(err, c.rollback(ctx))
 	}
 
 	if fnErr := runGuarded(c, func() error { return fn(ctx, tx) }); fnErr != nil {
-		return joinCleanup(fnErr, c.rollback(ctx, tx))
+		return joinCleanup(fnErr, c.rollback(ctx))
 	}
-
-	if err := tx.Commit(ctx); err != nil {
-		if !errors.Is(err, pgx.ErrTxCommitRollback) && !isServerError(err) {
-			// No answer from the server: the commit may or may not have
-			// happened, and the session state is unknown.
-			c.MarkDirty(&CleanupError{Step: "commit", Err: err})
-		}
-		if c.conn.PgConn().TxStatus() != 'I' {
-			c.MarkDirty(&CleanupError{Step: "commit", Err: err})
-		}
-		return err
-	}
-	return nil
+	return c.commit(ctx)
 }
 
-// rollback ends tx under a bounded context that ignores ctx's cancellation.
-// It returns nil when nothing was open; a failed rollback marks c dirty and
-// returns a *CleanupError.
-func (c *Conn) rollback(ctx context.Context, tx pgx.Tx) error {
+// commit ends the transaction fn returned nil in, with the reset of the
+// session in the same round trip, and classifies the outcome (see WithTx).
+func (c *Conn) commit(ctx context.Context) error {
+	pg := c.conn.PgConn()
+	if c.conn.IsClosed() {
+		// The connection failed under fn (which returned nil all the same):
+		// the server rolls back an open transaction when its client goes,
+		// but fn may have committed, or tried to, itself.
+		c.MarkDirty(errors.New("pooltx: connection closed before COMMIT"))
+		return fmt.Errorf("%w: the connection closed before COMMIT", ErrCommitUnknown)
+	}
+	switch pg.TxStatus() {
+	case 'I':
+		// fn ended the transaction itself: accepted. Only the reset is left.
+		cctx, cancel := CleanupContext(ctx, c.timeout)
+		defer cancel()
+		_ = c.Reset(cctx) // a failure destroys c; fn's outcome stands
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		// Not sent: roll back, which keeps the connection.
+		return joinCleanup(fmt.Errorf("%w: the context ended before COMMIT: %w", ErrNotCommitted, err), c.rollback(ctx))
+	}
+	failed := pg.TxStatus() == 'E' // COMMIT will answer ROLLBACK
+	// One simple-protocol round trip: COMMIT, then the two statements of
+	// the reset. The server stops at the first error.
+	mrr := pg.Exec(ctx, "COMMIT; "+resetSQL)
+	results := 0
+	var commitErr error
+	for mrr.NextResult() {
+		tag, err := mrr.ResultReader().Close()
+		if results == 0 {
+			commitErr = err
+			if err == nil && (failed || tag.String() == "ROLLBACK") {
+				commitErr = pgx.ErrTxCommitRollback
+			}
+		}
+		results++
+	}
+	err := mrr.Close()
+	if results == 0 {
+		commitErr = err // no answer to COMMIT itself
+	}
+	if commitErr == nil || errors.Is(commitErr, pgx.ErrTxCommitRollback) {
+		// COMMIT answered. The reset ran after it unless err says otherwise.
+		if err != nil || results < 3 {
+			c.MarkDirty(&CleanupError{Step: "reset", Err: errors.Join(err, errors.New("reset did not complete"))})
+		} else {
+			c.clean = true
+		}
+		if commitErr != nil {
+			return fmt.Errorf("%w: %w", ErrNotCommitted, commitErr)
+		}
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(commitErr, &pgErr) && pgErr.Severity == "ERROR" && !c.conn.IsClosed() && pg.TxStatus() == 'I' {
+		// The server refused the COMMIT and rolled back; the statements
+		// after it were skipped. Reset on their own.
+		cctx, cancel := CleanupContext(ctx, c.timeout)
+		defer cancel()
+		_ = c.Reset(cctx)
+		return fmt.Errorf("%w: %w", ErrNotCommitted, commitErr)
+	}
+	if pgconn.SafeToRetry(commitErr) {
+		// Nothing was sent (the context ended just before): roll back.
+		return joinCleanup(fmt.Errorf("%w: %w", ErrNotCommitted, commitErr), c.rollback(ctx))
+	}
+	// Sent, no answer: the outcome is unknown, and so is the session's.
+	c.MarkDirty(&CleanupError{Step: "commit", Err: commitErr})
+	return fmt.Errorf("%w: %w", ErrCommitUnknown, commitErr)
+}
+
+// rollback ends whatever transaction is open on c and resets the session,
+// in one round trip under a bounded context that ignores ctx's
+// cancellation. A failure marks c dirty and returns a *CleanupError with
+// Step "rollback"; a connection pgx has already closed is marked dirty and
+// nil is returned (its session is over).
+func (c *Conn) rollback(ctx context.Context) error {
 	if c.conn.IsClosed() {
 		c.MarkDirty(errors.New("pooltx: connection closed"))
 		return nil
 	}
-	if c.conn.PgConn().TxStatus() == 'I' {
-		return nil
+	sql := resetSQL
+	if c.conn.PgConn().TxStatus() != 'I' {
+		sql = "ROLLBACK; " + resetSQL
 	}
 	cctx, cancel := CleanupContext(ctx, c.timeout)
 	defer cancel()
-	if err := tx.Rollback(cctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+	if _, err := c.conn.Exec(cctx, sql); err != nil {
 		cerr := &CleanupError{Step: "rollback", Err: err}
 		c.MarkDirty(cerr)
 		return cerr
@@ -135,14 +217,8 @@ func (c *Conn) rollback(ctx context.Context, tx pgx.Tx) error {
 		c.MarkDirty(cerr)
 		return cerr
 	}
+	c.clean = true
 	return nil
-}
-
-// isServerError reports whether err carries an error response from the
-// server, which means the server answered and the connection is in sync.
-func isServerError(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr)
 }
 
 // joinCleanup returns err unchanged when cleanup succeeded, and both joined
