@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -130,6 +131,14 @@ func classify(ctx context.Context, err error) error {
 		}
 	}
 	ctxErr := ctx.Err()
+	if ctxErr == nil {
+		// The server's lock_timeout, set from the deadline and rounded up,
+		// fires after the deadline; but ctx reports it only once its timer
+		// has run, which a loaded machine can delay past our return.
+		if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+			ctxErr = context.DeadlineExceeded
+		}
+	}
 	if sentinel == nil && !errors.Is(err, ErrNoConnection) &&
 		(errors.Is(ctxErr, context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)) {
 		sentinel = ErrLockTimeout // a deadline or the call's timeout ended the wait for a lock
