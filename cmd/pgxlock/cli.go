@@ -100,19 +100,22 @@ Connection: DATABASE_URL (URL or key=value string), else the libpq variables
 PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSWORD, PGSSLMODE, ... (as psql).
 Connections use application_name "pgxlock-cli".
 
-Key syntax (K):
-  123                  one bigint key: pg_advisory_lock(123)
-  7,42                 two int4 keys: pg_advisory_lock(7, 42)
+Key syntax (K), exactly one of:
+  123                  one bigint key: pg_advisory_lock(123) (decimal, optional sign)
+  7,42                 two int4 keys: pg_advisory_lock(7, 42) (no spaces)
   int64:123            the same as 123 (the form "pgxlock locks" prints)
   pair:7,42            the same as 7,42
   ns:billing(7)/42     pair (7, 42), as printed for a registered namespace
   ns:billing/42        pair (7, 42) when billing=7 is given with --ns or PGXLOCK_NAMESPACES
   ns:billing/hash:S    keys.Namespace.Hash(S) in namespace billing (id from --ns, or billing(7))
   hash:S               keys.Hash(S) of exactly S (S may look like any of the above)
-  anything else        keys.Hash(K): the first 8 bytes of SHA-256(K), big-endian signed,
+  other text           keys.Hash(K): the first 8 bytes of SHA-256(K), big-endian signed,
                        as other languages compute it (see package keys)
-  A number that does not fit its type (e.g. 99999999999999999999, or 7,3000000000)
-  is an error, not a string to hash; write hash:... to hash it.
+  Text that looks like a mistyped number or prefix is a usage error (exit 64),
+  never a string to hash: 1,2,3  1e3  0x7b  7, 42  " 123"  INT64:5  tenant:acme.
+  So is a number that does not fit its type (99999999999999999999, 7,3000000000).
+  Write hash:... to hash such a string. Whenever a key is a hashed string,
+  pgxlock says so on stderr with the key it names.
 Namespaces: --ns NAME=ID (repeatable) or PGXLOCK_NAMESPACES="billing=7,jobs=8"
 name the first number of pair keys in output and in key syntax.
 

@@ -55,9 +55,12 @@ func cmdLocks(ctx context.Context, args []string, s stdio, e env) int {
 		return usageError(s, "locks", "--interval must be positive")
 	}
 	for _, a := range keyArgs {
-		k, err := ns.parseKey(a)
+		k, hashed, err := ns.parseKey(a)
 		if err != nil {
 			return usageError(s, "locks", "--key: %v", err)
+		}
+		if hashed {
+			fmt.Fprint(s.Err, hashNote("locks", a, k))
 		}
 		o.filter = append(o.filter, k)
 	}

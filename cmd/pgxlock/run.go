@@ -146,9 +146,12 @@ func parseRunFlags(args []string, s stdio, e env) (runOptions, int, bool) {
 	case o.grace < 0:
 		return o, usageError(s, "run", "--grace must not be negative"), false
 	}
-	k, err := ns.parseKey(keyArg)
+	k, hashed, err := ns.parseKey(keyArg)
 	if err != nil {
 		return o, usageError(s, "run", "--key: %v", err), false
+	}
+	if hashed {
+		fmt.Fprint(s.Err, hashNote("run", keyArg, k))
 	}
 	o.key = k
 	return o, 0, true
