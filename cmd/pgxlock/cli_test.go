@@ -227,7 +227,38 @@ func TestConnectionFailure(t *testing.T) {
 	assert.NotContains(t, out, "ran")
 	assert.Contains(t, errOut, "the command was not run")
 
-	code, _, errOut = runInProcess(t, []string{"DATABASE_URL=postgres://a:sekrit@host:notaport/x"}, "locks")
-	assert.Equal(t, exitUnavailable, code, errOut)
-	assert.NotContains(t, errOut, "sekrit")
+}
+
+// Connection settings that cannot be parsed exit 64 with the parser's reason and the
+// settings shown, every password masked; nothing connects and no command runs.
+func TestBadConnectionSettings(t *testing.T) {
+	for _, tc := range []struct {
+		env    []string
+		reason string // from the parser
+		shown  string // the settings, masked
+	}{
+		{[]string{"DATABASE_URL=postgres://a:sekrit@host:notaport/x"}, "notaport", "postgres://a:xxxxx@host:notaport/x"},
+		{[]string{"DATABASE_URL=postgres://a:sekrit@127.0.0.1:99999/x"}, "99999", "postgres://a:xxxxx@127.0.0.1:99999/x"},
+		{[]string{"DATABASE_URL=postgres://a:sekrit@127.0.0.1/x?sslmode=bogus"}, "sslmode is invalid", "sslmode=bogus"},
+		{[]string{"DATABASE_URL=postgres://a@127.0.0.1/x?password=sekrit&sslmode=bogus"}, "sslmode is invalid", "password=xxxxx&sslmode=bogus"},
+		{[]string{"DATABASE_URL=postgres://a:se%40krit@host:bad/x"}, "bad", "postgres://a:xxxxx@host:bad/x"},
+		{[]string{"DATABASE_URL=host=127.0.0.1 password='sek rit' sslmode=bogus"}, "sslmode is invalid", "password=xxxxx sslmode=bogus"},
+		{[]string{"DATABASE_URL=host=127.0.0.1 password=sekrit port=notaport"}, "notaport", "password=xxxxx"},
+		{[]string{"PGHOST=127.0.0.1", "PGPASSWORD=sekrit", "PGSSLMODE=bogus"}, "sslmode is invalid", "PG* environment variables"},
+	} {
+		for _, args := range [][]string{
+			{"locks"}, {"locks", "--watch"}, {"leases"}, {"run", "--key", "1", "--", "echo", "ran"},
+		} {
+			code, out, errOut := runInProcess(t, tc.env, args...)
+			assert.Equal(t, exitUsage, code, "%v %v: %s", tc.env, args, errOut)
+			assert.Contains(t, errOut, "cannot parse the connection settings", "%v %v", tc.env, args)
+			assert.Contains(t, errOut, tc.reason, "%v %v: the parser's reason", tc.env, args)
+			assert.Contains(t, errOut, tc.shown, "%v %v: the settings, masked", tc.env, args)
+			assert.NotContains(t, errOut, "sekrit", "%v %v", tc.env, args)
+			assert.NotContains(t, errOut, "sek rit", "%v %v", tc.env, args)
+			assert.NotContains(t, errOut, "se@krit", "%v %v", tc.env, args)
+			assert.NotContains(t, errOut, "se%40krit", "%v %v", tc.env, args)
+			assert.NotContains(t, out, "ran")
+		}
+	}
 }

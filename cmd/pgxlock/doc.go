@@ -177,8 +177,11 @@
 //
 //	0      success; run: the command's own status is passed through
 //	1      unexpected error
-//	64     usage error (EX_USAGE)
-//	69     cannot connect to the database, or it refused a query or the lock (EX_UNAVAILABLE)
+//	64     usage error (EX_USAGE), including a bad key and connection settings
+//	       that cannot be parsed (shown with passwords masked)
+//	69     cannot connect to the database (refused, unreachable, or no answer
+//	       within the connect timeout, even during run --wait), or it refused a
+//	       query or the lock (EX_UNAVAILABLE)
 //	70     run: the lock was lost while the command ran (EX_SOFTWARE)
 //	75     run --try: the key is held by another session (EX_TEMPFAIL)
 //	124    run --wait: the wait timed out (as timeout(1))

@@ -43,7 +43,7 @@ func cmdLeases(ctx context.Context, args []string, s stdio, e env) int {
 	cfg, err := connConfig(e)
 	if err != nil {
 		fmt.Fprintf(s.Err, "pgxlock leases: %v\n", err)
-		return exitUnavailable
+		return connFailed(err)
 	}
 	pcfg, err := pgxpool.ParseConfig("")
 	if err != nil {

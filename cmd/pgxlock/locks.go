@@ -69,7 +69,7 @@ func cmdLocks(ctx context.Context, args []string, s stdio, e env) int {
 		conn, err := connect(ctx, e)
 		if err != nil {
 			fmt.Fprintf(s.Err, "pgxlock locks: %v\n", err)
-			return exitUnavailable
+			return connFailed(err)
 		}
 		defer closeConn(ctx, conn)
 		snap, err := takeSnapshot(ctx, conn, o.filter)
@@ -82,6 +82,12 @@ func cmdLocks(ctx context.Context, args []string, s stdio, e env) int {
 			return exitError
 		}
 		return exitOK
+	}
+	// Settings that cannot be parsed are a usage error, not something
+	// --watch should retry every interval.
+	if _, err := connConfig(e); err != nil {
+		fmt.Fprintf(s.Err, "pgxlock locks: %v\n", err)
+		return connFailed(err)
 	}
 	return watchLocks(ctx, s, e, o)
 }

@@ -61,8 +61,8 @@ func cmdRun(ctx context.Context, args []string, s stdio, e env) int {
 
 	cfg, err := connConfig(e)
 	if err != nil {
-		fmt.Fprintf(s.Err, "pgxlock run: %v\n", err)
-		return exitUnavailable
+		fmt.Fprintf(s.Err, "pgxlock run: %v; the command was not run\n", err)
+		return connFailed(err)
 	}
 	pcfg, err := pgxpool.ParseConfig("")
 	if err != nil {
