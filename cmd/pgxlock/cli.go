@@ -127,7 +127,8 @@ Exit codes:
   0    success; for run: the command's own status is returned
   1    unexpected error
   64   usage error, including connection settings that cannot be parsed
-  69   cannot connect to the database, or it refused a query or the lock
+  69   cannot connect to the database (refused, unreachable, or no answer
+       within the connect timeout), or it refused a query or the lock
   70   run: the lock was lost while the command ran (the command was sent SIGTERM,
        then SIGKILL after --grace)
   75   run --try: the key is held by another session

@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -261,4 +263,54 @@ func TestBadConnectionSettings(t *testing.T) {
 			assert.NotContains(t, out, "ran")
 		}
 	}
+}
+
+// A server that accepts connections and never answers is unavailable (69), also for
+// run --wait and --try: the key was never waited for, so it is neither a lock timeout
+// (124) nor busy (75). The command does not run.
+func TestSilentServerExits69(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var accepted []net.Conn
+	acceptDone := make(chan struct{})
+	go func() { // owned: ends when ln is closed below
+		defer close(acceptDone)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			accepted = append(accepted, c) // held open, never read or written
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-acceptDone
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range accepted {
+			_ = c.Close()
+		}
+	})
+	url := "postgres://postgres@" + ln.Addr().String() + "/postgres?sslmode=disable&connect_timeout=1"
+	for _, tc := range []struct {
+		url  string
+		args []string
+	}{
+		{url, []string{"run", "--key", "1", "--wait", "300ms", "--", "echo", "ran"}},
+		{url, []string{"run", "--key", "1", "--", "echo", "ran"}},
+		{url, []string{"run", "--key", "1", "--try", "--", "echo", "ran"}},
+		{url, []string{"locks"}},
+		{url, []string{"leases"}},
+	} {
+		code, out, errOut := runInProcess(t, []string{"DATABASE_URL=" + tc.url}, tc.args...)
+		assert.Equal(t, exitUnavailable, code, "%v: %s", tc.args, errOut)
+		assert.NotContains(t, out, "ran", "%v", tc.args)
+	}
+	mu.Lock()
+	assert.NotEmpty(t, accepted, "pgxlock connected to the silent server")
+	mu.Unlock()
 }

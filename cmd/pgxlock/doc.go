@@ -123,6 +123,10 @@
 // stdout, stderr and environment, releases the lock after the command exits
 // and exits with the command's status (128+N if signal N killed it).
 //
+// Connecting comes first, bounded by the connect timeout (connect_timeout,
+// else 10 s), not by --wait: a server that cannot be reached or does not
+// answer exits 69 without waiting for the key.
+//
 // Waiting: by default until the lock is granted; --wait DURATION gives up
 // after DURATION (exit 124); --try does not wait (exit 75). --shared takes the
 // key in shared mode (pg_advisory_lock_shared): any number of shared holders,
@@ -180,8 +184,8 @@
 //	64     usage error (EX_USAGE), including a bad key and connection settings
 //	       that cannot be parsed (shown with passwords masked)
 //	69     cannot connect to the database (refused, unreachable, or no answer
-//	       within the connect timeout, even during run --wait), or it refused a
-//	       query or the lock (EX_UNAVAILABLE)
+//	       within the connect timeout), or it refused a query or the lock
+//	       (EX_UNAVAILABLE)
 //	70     run: the lock was lost while the command ran (EX_SOFTWARE)
 //	75     run --try: the key is held by another session (EX_TEMPFAIL)
 //	124    run --wait: the wait timed out (as timeout(1))

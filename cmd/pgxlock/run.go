@@ -171,6 +171,9 @@ func checkClientConnection(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
+// errNoServer: run could not get a working connection before taking the lock.
+var errNoServer = errors.New("cannot connect to the database")
+
 // signalError is the cause of an acquisition abandoned because of a signal.
 type signalError struct{ sig os.Signal }
 
@@ -189,6 +192,14 @@ func acquire(ctx context.Context, locker *advisory.Locker, o runOptions, sigs <-
 	go func() { // owned: its result is always received below
 		opts := &advisory.Options{Shared: o.shared, Timeout: o.wait}
 		var r result
+		// Connect first, bounded by the connect timeout, not by --wait: a
+		// server that cannot be reached or does not answer is unavailable
+		// (69), never a busy key (75) or a lock timeout (124).
+		if err := locker.Pool().Ping(actx); err != nil {
+			r.err = fmt.Errorf("%w: %w", errNoServer, err)
+			done <- r
+			return
+		}
 		if o.try {
 			r.h, r.err = locker.TryLock(actx, o.key, opts)
 		} else {
@@ -216,6 +227,12 @@ func acquire(ctx context.Context, locker *advisory.Locker, o runOptions, sigs <-
 		return r.h, 0, true
 	}
 	switch {
+	case errors.Is(r.err, errNoServer), errors.Is(r.err, advisory.ErrNoConnection):
+		// Checked first: a connection that could not be had (also one lost
+		// between the ping and the lock) is unavailable (69), not a busy key
+		// that timed out (124).
+		fmt.Fprintf(s.Err, "pgxlock run: %v; the command was not run\n", r.err)
+		return nil, exitUnavailable, false
 	case errors.Is(r.err, advisory.ErrNotAcquired):
 		fmt.Fprintf(s.Err, "pgxlock run: %s is busy%s; the command was not run\n", o.key, holders(ctx, locker.Pool(), o.key))
 		return nil, exitBusy, false
