@@ -102,8 +102,10 @@ func cmdRun(ctx context.Context, args []string, s stdio, e env) int {
 		fmt.Fprintf(s.Err, "pgxlock run: acquired %s (%s) after %s\n", o.key, modeName(o.shared), fmtDuration(time.Since(start)))
 	}
 	held := time.Now()
-	code = supervise(h, path, o, sigs, s, e)
-	if o.verbose {
+	code, lost := supervise(h, path, o, sigs, s, e)
+	if o.verbose && !lost {
+		// After a loss supervise has said what happened; "released" would
+		// contradict it.
 		fmt.Fprintf(s.Err, "pgxlock run: released %s after %s\n", o.key, fmtDuration(time.Since(held)))
 	}
 	return code
@@ -268,8 +270,8 @@ func holders(ctx context.Context, pool *pgxpool.Pool, key keys.Key) string {
 
 // supervise runs the command while h holds the lock, forwards signals to it,
 // terminates it if the lock is lost, unlocks after it exits and returns the
-// exit status.
-func supervise(h *advisory.Lock, path string, o runOptions, sigs <-chan os.Signal, s stdio, e env) int {
+// exit status, and whether the lock was lost.
+func supervise(h *advisory.Lock, path string, o runOptions, sigs <-chan os.Signal, s stdio, e env) (int, bool) {
 	cmd := exec.Command(path, o.argv[1:]...)
 	cmd.Args[0] = o.argv[0]
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = s.In, s.Out, s.Err
@@ -283,9 +285,9 @@ func supervise(h *advisory.Lock, path string, o runOptions, sigs <-chan os.Signa
 		fmt.Fprintf(s.Err, "pgxlock run: %v\n", err)
 		unlock(h, o, s)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return exitNotFound
+			return exitNotFound, false
 		}
-		return exitCannotExec
+		return exitCannotExec, false
 	}
 	// In its own process group (unless --foreground), signals go to the whole
 	// group, so that `sh -c '...'` and its children all get them.
@@ -340,9 +342,9 @@ loop:
 	}
 	if lost {
 		fmt.Fprintf(s.Err, "pgxlock run: exiting %d: the lock was lost while the command ran (its status was %d)\n", exitLockLost, status)
-		return exitLockLost
+		return exitLockLost, true
 	}
-	return status
+	return status, false
 }
 
 // unlock releases h, reporting a failure on stderr. A loss is reported by
