@@ -51,7 +51,9 @@
 //
 // Namespaces are named with --ns NAME=ID (repeatable) or the environment
 // variable PGXLOCK_NAMESPACES="billing=7,jobs=8". A named namespace shows in
-// the output of pair keys (ns:billing(7)/42) and can be used in K.
+// the output of pair keys (ns:billing(7)/42) and can be used in K. Where the
+// first number of a listed pair key is not a known namespace, the text output
+// of `pgxlock locks` says once, under the table, how to name it.
 //
 // The output never shows the string a key was hashed from: hashed keys are
 // printed as int64:N. (The hash is one-way, but a guessable source, such as an

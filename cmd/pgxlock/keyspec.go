@@ -201,7 +201,7 @@ func (n namespaces) parseNS(s string) (k keys.Key, hashed bool, err error) {
 
 // hashNote is what `run` and `locks` print on stderr whenever a key was
 // derived by hashing a string, so that a typo in it cannot silently name
-// another lock.
-func hashNote(cmd, arg string, k keys.Key) string {
-	return fmt.Sprintf("pgxlock %s: key %q is a hashed string: %s\n", cmd, arg, k)
+// another lock. It shows the key, never the string (see "Key syntax").
+func hashNote(cmd string, k keys.Key) string {
+	return fmt.Sprintf("pgxlock %s: --key is a hashed string: %s\n", cmd, k)
 }

@@ -153,7 +153,7 @@ func parseRunFlags(args []string, s stdio, e env) (runOptions, int, bool) {
 		return o, usageError(s, "run", "--key: %v", err), false
 	}
 	if hashed {
-		fmt.Fprint(s.Err, hashNote("run", keyArg, k))
+		fmt.Fprint(s.Err, hashNote("run", k))
 	}
 	o.key = k
 	return o, 0, true
