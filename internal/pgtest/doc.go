@@ -41,7 +41,7 @@
 // separate connection) for advisory locks held or awaited by backends with the pool's
 // application_name, and fails the test listing them. A backend whose client has just closed
 // its connection may hold its locks for a few milliseconds more, so the check waits up to
-// two seconds for them to go before it reports. Tests that deliberately orphan a holder
+// ten seconds (a loaded machine can be that slow) for them to go before it reports. Tests that deliberately orphan a holder
 // (fault tests) should terminate it first, or build their pool with pgxpool directly.
 // A check that cannot connect (the test broke the path to the server on purpose) is logged,
 // not failed.
