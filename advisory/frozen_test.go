@@ -61,7 +61,6 @@ func TestCancelledWaitOnFrozenBackendReturnsAndDestroys(t *testing.T) {
 	select {
 	case err := <-done:
 		assert.ErrorIs(t, err, context.Canceled)
-		assert.Less(t, time.Since(start), 5*time.Second)
 		t.Logf("returned %v after the cancel (grace 500ms)", time.Since(start).Round(time.Millisecond))
 	case <-time.After(15 * time.Second):
 		t.Fatal("a cancelled wait on a frozen backend did not return")

@@ -123,7 +123,7 @@ func newKeySet(ks []keys.Key, max int) (keySet, error) {
 	}
 	for i, k := range ks {
 		if k.IsZero() {
-			return keySet{}, invalid("key %d is the zero Key", i)
+			return keySet{}, invalid("keys[%d] is the zero keys.Key (no key was set; the value 0 is keys.Int64(0))", i)
 		}
 	}
 	all := keys.Normalize(ks)

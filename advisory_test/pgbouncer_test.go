@@ -29,6 +29,9 @@ func startBouncer(t *testing.T, poolSize int) *pgbouncer.Bouncer {
 	b, err := pgbouncer.Start(ctx, pgbouncer.Options{
 		Upstream: pgtest.DSN(t), PoolMode: pgbouncer.PoolTransaction, PoolSize: poolSize,
 	})
+	if errors.Is(err, pgbouncer.ErrNoBinary) {
+		pgtest.MissingTool(t, "PgBouncer", err) // skips, or fails under PGXLOCK_TEST_STRICT=1
+	}
 	if err != nil {
 		t.Fatalf("this test needs PgBouncer in front of the test database, and it did not start: %v", err)
 	}

@@ -6,11 +6,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Exit codes. The command's own status is passed through by `run`; these are
@@ -100,27 +104,31 @@ Connection: DATABASE_URL (URL or key=value string), else the libpq variables
 PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSWORD, PGSSLMODE, ... (as psql).
 Connections use application_name "pgxlock-cli".
 
-Key syntax (K):
-  123                  one bigint key: pg_advisory_lock(123)
-  7,42                 two int4 keys: pg_advisory_lock(7, 42)
+Key syntax (K), exactly one of:
+  123                  one bigint key: pg_advisory_lock(123) (decimal, optional sign)
+  7,42                 two int4 keys: pg_advisory_lock(7, 42) (no spaces)
   int64:123            the same as 123 (the form "pgxlock locks" prints)
   pair:7,42            the same as 7,42
   ns:billing(7)/42     pair (7, 42), as printed for a registered namespace
   ns:billing/42        pair (7, 42) when billing=7 is given with --ns or PGXLOCK_NAMESPACES
   ns:billing/hash:S    keys.Namespace.Hash(S) in namespace billing (id from --ns, or billing(7))
   hash:S               keys.Hash(S) of exactly S (S may look like any of the above)
-  anything else        keys.Hash(K): the first 8 bytes of SHA-256(K), big-endian signed,
+  other text           keys.Hash(K): the first 8 bytes of SHA-256(K), big-endian signed,
                        as other languages compute it (see package keys)
-  A number that does not fit its type (e.g. 99999999999999999999, or 7,3000000000)
-  is an error, not a string to hash; write hash:... to hash it.
+  Text that looks like a mistyped number or prefix is a usage error (exit 64),
+  never a string to hash: 1,2,3  1e3  0x7b  7, 42  " 123"  INT64:5  tenant:acme.
+  So is a number that does not fit its type (99999999999999999999, 7,3000000000).
+  Write hash:... to hash such a string. Whenever a key is a hashed string,
+  pgxlock says so on stderr with the key it names.
 Namespaces: --ns NAME=ID (repeatable) or PGXLOCK_NAMESPACES="billing=7,jobs=8"
 name the first number of pair keys in output and in key syntax.
 
 Exit codes:
   0    success; for run: the command's own status is returned
   1    unexpected error
-  64   usage error
-  69   cannot connect to the database, or it refused a query or the lock
+  64   usage error, including connection settings that cannot be parsed
+  69   cannot connect to the database (refused, unreachable, or no answer
+       within the connect timeout), or it refused a query or the lock
   70   run: the lock was lost while the command ran (the command was sent SIGTERM,
        then SIGKILL after --grace)
   75   run --try: the key is held by another session
@@ -235,25 +243,107 @@ func connString(e env) string {
 	return strings.TrimSpace(b.String())
 }
 
+// errSettings marks connection settings that cannot be parsed (a malformed
+// URL, a bad port, sslmode=bogus, an unreadable certificate file): a usage
+// error, exit 64, since no retry can fix them.
+var errSettings = errors.New("cannot parse the connection settings")
+
 // connConfig parses the invocation's connection settings and sets the CLI's
 // application_name (whatever the settings say, so that operators can always
-// tell the CLI's backends apart) and a connect timeout if none is set.
+// tell the CLI's backends apart) and a connect timeout if none is set. A
+// parse failure wraps errSettings and shows the parser's reason and the
+// settings with every password replaced by xxxxx.
 func connConfig(e env) (*pgx.ConnConfig, error) {
-	cfg, err := pgx.ParseConfig(connString(e))
+	cs := connString(e)
+	cfg, err := pgx.ParseConfig(cs)
 	if err != nil {
-		// pgconn's parse errors can quote the connection string, password
-		// included; say where the settings came from instead.
 		src := "the PG* environment variables"
 		if e.get("DATABASE_URL") != "" {
 			src = "DATABASE_URL"
 		}
-		return nil, fmt.Errorf("cannot parse the connection settings in %s (not shown: they may hold a password)", src)
+		shown, secrets := redactConnString(cs)
+		return nil, fmt.Errorf("%w in %s (%s): %s", errSettings, src, shown, parseReason(err, secrets))
 	}
 	cfg.RuntimeParams["application_name"] = appName
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = connectTimeout
 	}
 	return cfg, nil
+}
+
+// connFailed is the exit status for a failure to get a connection: 64 for
+// settings that cannot be parsed, 69 for everything else.
+func connFailed(err error) int {
+	if errors.Is(err, errSettings) {
+		return exitUsage
+	}
+	return exitUnavailable
+}
+
+// parseReason is the reason of a connection-string parse error without the
+// connection string, which pgconn quotes with passwords masked only on a
+// best-effort basis (and url.Parse quotes unmasked). Any secret of the
+// string that is still in the text is replaced by xxxxx.
+func parseReason(err error, secrets []string) string {
+	msg := err.Error()
+	var pce *pgconn.ParseConfigError
+	if errors.As(err, &pce) {
+		// "cannot parse `<connection string>`: <reason>"
+		if rest, ok := strings.CutPrefix(msg, "cannot parse `"); ok {
+			if _, reason, ok := strings.Cut(rest, "`: "); ok {
+				msg = reason
+			}
+		}
+		var ue *url.Error
+		if errors.As(pce, &ue) {
+			msg = strings.ReplaceAll(msg, ue.Error(), ue.Err.Error())
+		}
+	}
+	for _, s := range secrets {
+		msg = strings.ReplaceAll(msg, s, "xxxxx")
+	}
+	return msg
+}
+
+var (
+	// password='...' or password=... in a key=value string or a URL query
+	// (sslpassword too).
+	reKVPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)`)
+	// scheme://user:PASSWORD@host...: everything between the first colon of
+	// the user info and the last @ before the path, which over-masks a
+	// malformed URL rather than show part of a password.
+	reURLUserinfo = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*://[^:/@?#]*:)([^/?#]*)@`)
+)
+
+// redactConnString returns the connection string with its passwords
+// replaced by xxxxx, and the replaced values (as written and decoded) so
+// that they can be scrubbed from other text.
+func redactConnString(cs string) (string, []string) {
+	var secrets []string
+	keep := func(v string) {
+		if v == "" {
+			return
+		}
+		secrets = append(secrets, v)
+		if d, err := url.QueryUnescape(v); err == nil && d != v {
+			secrets = append(secrets, d)
+		}
+		if t := strings.Trim(v, "'"); t != v && t != "" {
+			secrets = append(secrets, t)
+		}
+	}
+	if m := reURLUserinfo.FindStringSubmatchIndex(cs); m != nil {
+		keep(cs[m[4]:m[5]])
+		cs = cs[:m[4]] + "xxxxx" + cs[m[5]:]
+	}
+	cs = reKVPassword.ReplaceAllStringFunc(cs, func(kv string) string {
+		sub := reKVPassword.FindStringSubmatch(kv)
+		keep(sub[2])
+		return sub[1] + "xxxxx"
+	})
+	// Longest first, so that a secret containing another is replaced whole.
+	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
+	return cs, secrets
 }
 
 // connect opens one connection for the read-only subcommands.

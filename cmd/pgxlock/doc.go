@@ -24,28 +24,36 @@
 //
 // # Key syntax
 //
-// K names an advisory lock the way package keys derives it:
+// K names an advisory lock the way package keys derives it, in exactly one
+// of these forms:
 //
-//	123                  keys.Int64(123): pg_advisory_lock(123)
-//	7,42                 keys.Pair(7, 42): pg_advisory_lock(7, 42)
+//	123                  keys.Int64(123): pg_advisory_lock(123); decimal, optional sign
+//	7,42                 keys.Pair(7, 42): pg_advisory_lock(7, 42); no spaces
 //	int64:123            the same as 123 (the form `pgxlock locks` prints)
 //	pair:7,42            the same as 7,42
 //	ns:billing(7)/42     pair (7, 42), as printed for a registered namespace
 //	ns:billing/42        pair (7, 42) once billing=7 is known (--ns or PGXLOCK_NAMESPACES)
 //	ns:billing/hash:S    keys.Namespace.Hash(S) in namespace billing
 //	hash:S               keys.Hash(S) of exactly S, whatever S looks like
-//	anything else        keys.Hash(K): the first 8 bytes of SHA-256(K) read as a
+//	other text           keys.Hash(K): the first 8 bytes of SHA-256(K) read as a
 //	                     big-endian signed bigint, the value Node.js, PostgreSQL
 //	                     and every other pgxlock client compute (see package keys)
 //
-// A number that does not fit (99999999999999999999, or 7,3000000000) is a
-// usage error rather than a string to hash: write hash:... to hash it. Every
-// form `pgxlock locks` prints is valid K, so a key can be copied from its
-// output into `run --key` or `locks --key`.
+// A typo must not lock another key: text that looks like a mistyped number
+// (1,2,3  1e3  0x7b  "7, 42"  " 123"), a prefix that is not one of the four
+// above (INT64:5, int:5, or any WORD: such as tenant:acme), and a number that
+// does not fit its type (99999999999999999999, 7,3000000000) are usage errors
+// (exit 64) that list the accepted forms; write hash:... to hash such a
+// string. Whenever K is a hashed string (other text, hash:S, ns:NAME/hash:S),
+// pgxlock prints the key it names on stderr. Every form `pgxlock locks`
+// prints is valid K, so a key can be copied from its output into
+// `run --key` or `locks --key`.
 //
 // Namespaces are named with --ns NAME=ID (repeatable) or the environment
 // variable PGXLOCK_NAMESPACES="billing=7,jobs=8". A named namespace shows in
-// the output of pair keys (ns:billing(7)/42) and can be used in K.
+// the output of pair keys (ns:billing(7)/42) and can be used in K. Where the
+// first number of a listed pair key is not a known namespace, the text output
+// of `pgxlock locks` says once, under the table, how to name it.
 //
 // The output never shows the string a key was hashed from: hashed keys are
 // printed as int64:N. (The hash is one-way, but a guessable source, such as an
@@ -117,6 +125,10 @@
 // stdout, stderr and environment, releases the lock after the command exits
 // and exits with the command's status (128+N if signal N killed it).
 //
+// Connecting comes first, bounded by the connect timeout (connect_timeout,
+// else 10 s), not by --wait: a server that cannot be reached or does not
+// answer exits 69 without waiting for the key.
+//
 // Waiting: by default until the lock is granted; --wait DURATION gives up
 // after DURATION (exit 124); --try does not wait (exit 75). --shared takes the
 // key in shared mode (pg_advisory_lock_shared): any number of shared holders,
@@ -171,8 +183,11 @@
 //
 //	0      success; run: the command's own status is passed through
 //	1      unexpected error
-//	64     usage error (EX_USAGE)
-//	69     cannot connect to the database, or it refused a query or the lock (EX_UNAVAILABLE)
+//	64     usage error (EX_USAGE), including a bad key and connection settings
+//	       that cannot be parsed (shown with passwords masked)
+//	69     cannot connect to the database (refused, unreachable, or no answer
+//	       within the connect timeout), or it refused a query or the lock
+//	       (EX_UNAVAILABLE)
 //	70     run: the lock was lost while the command ran (EX_SOFTWARE)
 //	75     run --try: the key is held by another session (EX_TEMPFAIL)
 //	124    run --wait: the wait timed out (as timeout(1))

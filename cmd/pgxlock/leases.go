@@ -43,7 +43,7 @@ func cmdLeases(ctx context.Context, args []string, s stdio, e env) int {
 	cfg, err := connConfig(e)
 	if err != nil {
 		fmt.Fprintf(s.Err, "pgxlock leases: %v\n", err)
-		return exitUnavailable
+		return connFailed(err)
 	}
 	pcfg, err := pgxpool.ParseConfig("")
 	if err != nil {
@@ -65,6 +65,10 @@ func cmdLeases(ctx context.Context, args []string, s stdio, e env) int {
 	}
 	holders, err := m.List(ctx, &lease.ListOptions{Resource: resource, Owner: owner, IncludeExpired: true})
 	if err != nil {
+		if notLeaseTable(err) {
+			fmt.Fprintf(s.Err, "pgxlock leases: %q is not a pgxlock lease table (%v); pass --table [SCHEMA.]TABLE as in lease.ManagerConfig\n", table, err)
+			return exitUnavailable
+		}
 		fmt.Fprintf(s.Err, "pgxlock leases: %v%s\n", err, missingTableHint(err, table))
 		return exitUnavailable
 	}
@@ -99,6 +103,13 @@ func splitTable(s string) (schema, table string, ok bool) {
 		return "", "", false
 	}
 	return schema, table, true
+}
+
+// notLeaseTable reports a table that exists but lacks the lease columns
+// (42703 undefined_column): some other table was named with --table.
+func notLeaseTable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42703"
 }
 
 func missingTableHint(err error, table string) string {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -73,4 +74,16 @@ func TestLeasesMissingTable(t *testing.T) {
 	code, _, stderr := runCLI(t, nil, "leases", "--table", schema+".nosuch")
 	assert.Equal(t, exitUnavailable, code)
 	assert.True(t, strings.Contains(stderr, "lease.Manager.Migrate"), stderr)
+}
+
+// A table that exists but is not a lease table is named as such, not reported as a
+// missing column.
+func TestLeasesNotALeaseTable(t *testing.T) {
+	pool := pgtest.Pool(t)
+	schema := pgtest.Schema(t, pool)
+	_, err := pool.Exec(ctxT(t), "CREATE TABLE "+pgx.Identifier{schema, "accounts"}.Sanitize()+" (id int PRIMARY KEY, name text)")
+	require.NoError(t, err)
+	code, _, stderr := runCLI(t, nil, "leases", "--table", schema+".accounts")
+	assert.Equal(t, exitUnavailable, code)
+	assert.Contains(t, stderr, `"`+schema+`.accounts" is not a pgxlock lease table`)
 }

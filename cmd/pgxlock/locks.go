@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -55,9 +56,12 @@ func cmdLocks(ctx context.Context, args []string, s stdio, e env) int {
 		return usageError(s, "locks", "--interval must be positive")
 	}
 	for _, a := range keyArgs {
-		k, err := ns.parseKey(a)
+		k, hashed, err := ns.parseKey(a)
 		if err != nil {
 			return usageError(s, "locks", "--key: %v", err)
+		}
+		if hashed {
+			fmt.Fprint(s.Err, hashNote("locks", k))
 		}
 		o.filter = append(o.filter, k)
 	}
@@ -66,7 +70,7 @@ func cmdLocks(ctx context.Context, args []string, s stdio, e env) int {
 		conn, err := connect(ctx, e)
 		if err != nil {
 			fmt.Fprintf(s.Err, "pgxlock locks: %v\n", err)
-			return exitUnavailable
+			return connFailed(err)
 		}
 		defer closeConn(ctx, conn)
 		snap, err := takeSnapshot(ctx, conn, o.filter)
@@ -79,6 +83,12 @@ func cmdLocks(ctx context.Context, args []string, s stdio, e env) int {
 			return exitError
 		}
 		return exitOK
+	}
+	// Settings that cannot be parsed are a usage error, not something
+	// --watch should retry every interval.
+	if _, err := connConfig(e); err != nil {
+		fmt.Fprintf(s.Err, "pgxlock locks: %v\n", err)
+		return connFailed(err)
 	}
 	return watchLocks(ctx, s, e, o)
 }
@@ -266,8 +276,36 @@ func writeLocksText(w io.Writer, snap snapshot, showQuery bool) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintln(w, locksFootnote)
-	return err
+	if _, err := fmt.Fprintln(w, locksFootnote); err != nil {
+		return err
+	}
+	if hint := namespaceHint(snap.Locks); hint != "" {
+		_, err := fmt.Fprintln(w, hint)
+		return err
+	}
+	return nil
+}
+
+// namespaceHint says, once, how to name the first numbers of pair keys that
+// no known namespace names (pair:1001,1 may be ns:cron(1001)/1 to the
+// service that took it), or "" when there are none.
+func namespaceHint(locks []advisory.LockInfo) string {
+	var ids []int32
+	for _, li := range locks {
+		if a, _, ok := li.Key.Pair(); ok && li.Namespace == "" && !slices.Contains(ids, a) {
+			ids = append(ids, a)
+		}
+	}
+	if len(ids) == 0 {
+		return ""
+	}
+	slices.Sort(ids)
+	list := make([]string, len(ids))
+	for i, id := range ids {
+		list[i] = strconv.Itoa(int(id))
+	}
+	return fmt.Sprintf("PAIR KEYS: the first number of pair:A,B may be a namespace id (here: %s); name it with --ns NAME=%d\n"+
+		"(repeatable) or %s=\"NAME=%d,...\" to show ns:NAME(%d)/B.", strings.Join(list, ", "), ids[0], envNamespaces, ids[0], ids[0])
 }
 
 // cell makes a value safe for one table cell: control characters (tabs and

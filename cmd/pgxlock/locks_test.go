@@ -145,6 +145,26 @@ func TestLocksShowsWaiterAndBlocker(t *testing.T) {
 	assert.Contains(t, out, "pair:"+strconv.Itoa(int(nsID))+",42")
 	assert.Regexp(t, `\swaiting\s+`+strconv.Itoa(int(waiter))+`\s.*\s`+strconv.Itoa(int(holder))+`\n`, out)
 	assert.NotContains(t, out, other.String(), "--key filters")
+	// A pair whose first number no namespace names gets one hint, under the table.
+	hint := "PAIR KEYS: the first number of pair:A,B may be a namespace id (here: " + strconv.Itoa(int(nsID)) + ")"
+	assert.Equal(t, 1, strings.Count(out, hint), out)
+	assert.Contains(t, out, "--ns NAME="+strconv.Itoa(int(nsID)))
+	assert.Contains(t, out, "PGXLOCK_NAMESPACES=")
+	assert.Greater(t, strings.Index(out, hint), strings.Index(out, "BLOCKED BY"), "under the table")
+
+	// Named: no hint, and the name shows.
+	code, out, stderr = runCLI(t, nil, "locks", "--ns", ns+"="+strconv.Itoa(int(nsID)), "--key", strconv.Itoa(int(nsID))+",42")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, out, wantKey)
+	assert.NotContains(t, out, "PAIR KEYS")
+	code, out, stderr = runCLI(t, []string{"PGXLOCK_NAMESPACES=" + ns + "=" + strconv.Itoa(int(nsID))}, "locks", "--key", strconv.Itoa(int(nsID))+",42")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, out, wantKey)
+	assert.NotContains(t, out, "PAIR KEYS")
+	// An int64 key needs no hint.
+	code, out, stderr = runCLI(t, nil, "locks", "--key", other.String())
+	require.Equal(t, 0, code, stderr)
+	assert.NotContains(t, out, "PAIR KEYS")
 }
 
 // --key with a string shows the hashed key by number only: the source

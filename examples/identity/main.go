@@ -91,9 +91,13 @@ type service struct {
 // background and cancels the callback's context if the lease is lost. A second request
 // for the same user gets lease.ErrNotAcquired at once (an HTTP handler answers 409).
 func (s *service) switchPrimary(ctx context.Context) (token int64, err error) {
-	err = s.col.TryDo(ctx, userID, nil, func(ctx context.Context, l *lease.ColumnLease) error {
+	// Demo instrumentation: the lease's own statements (claim, background renewals,
+	// release) are tagged apart from the request's, so that a renewal that happens to
+	// run during a provider call is not counted as the request holding a connection.
+	id := requestID(ctx)
+	err = s.col.TryDo(withRequest(ctx, "lease:"+id), userID, nil, func(ctx context.Context, l *lease.ColumnLease) error {
 		token = l.Token()
-		return s.switchUnder(ctx, l)
+		return s.switchUnder(withRequest(ctx, id), l)
 	})
 	return token, err
 }

@@ -22,7 +22,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // holder's renew and fenced write are refused after a successor took over.
 func TestSwitchPrimaryIdentity(t *testing.T) {
 	url := extest.DatabaseURL(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a hang guard
 	defer cancel()
 	var out strings.Builder
 	res, err := run(ctx, config{URL: url, Requests: 50, Rounds: 3, TTL: time.Second}, &out)

@@ -49,9 +49,11 @@ func Open(ctx context.Context, url string, log io.Writer) (*DB, error) {
 	t0 := time.Now()
 	c, err := pglaunch.Start(ctx, pglaunch.Options{})
 	if errors.Is(err, pglaunch.ErrNoBinaries) {
-		return nil, fmt.Errorf("no database: set %s to a PostgreSQL connection string, "+
-			"or install the PostgreSQL server binaries (apt-get install postgresql, "+
-			"dnf install postgresql-server, brew install postgresql): %w", EnvURL, err)
+		return nil, fmt.Errorf("no database: %w\n"+
+			"Fix it with one command, from the repository root (Debian, Ubuntu: installs PostgreSQL's server binaries\n"+
+			"with apt-get, through sudo unless you are root):\n    bash .ci/setup\n"+
+			"Or set %s to a PostgreSQL connection string, or install the PostgreSQL server binaries\n"+
+			"elsewhere (dnf install postgresql-server, brew install postgresql)", err, EnvURL)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("start a throwaway PostgreSQL cluster: %w", err)

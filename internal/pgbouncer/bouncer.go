@@ -99,10 +99,8 @@ func Start(ctx context.Context, opts Options) (*Bouncer, error) {
 		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 	}
-	bin, err := findBinary(opts.Binary)
-	if err != nil {
-		return nil, err
-	}
+	// Options are checked before the binary is looked up: a bad option is the
+	// caller's mistake on every machine, with PgBouncer installed or not.
 	mode := opts.PoolMode
 	if mode == "" {
 		mode = PoolTransaction
@@ -118,6 +116,10 @@ func Start(ctx context.Context, opts Options) (*Bouncer, error) {
 	up, err := pgconn.ParseConfig(opts.Upstream)
 	if err != nil {
 		return nil, fmt.Errorf("pgbouncer: parse upstream DSN: %w", err)
+	}
+	bin, err := findBinary(opts.Binary)
+	if err != nil {
+		return nil, err
 	}
 	version, err := binaryVersion(ctx, bin)
 	if err != nil {

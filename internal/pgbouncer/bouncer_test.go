@@ -26,13 +26,23 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// start fails the test (never skips) when PgBouncer cannot start.
+// start fails the test when PgBouncer cannot start; it skips it when the binary is not
+// installed (pgtest.MissingTool: a failure under PGXLOCK_TEST_STRICT=1, as in CI).
 func start(t *testing.T, opts Options) *Bouncer {
 	t.Helper()
+	needBinary(t)
 	b, err := Start(testCtx(t), opts)
 	require.NoError(t, err, "start PgBouncer")
 	t.Cleanup(func() { assert.NoError(t, b.Stop()) })
 	return b
+}
+
+// needBinary ends the test through pgtest.MissingTool when pgbouncer is not installed.
+func needBinary(t *testing.T) {
+	t.Helper()
+	if _, err := findBinary(""); err != nil {
+		pgtest.MissingTool(t, "PgBouncer", err)
+	}
 }
 
 func TestStartTransactionMode(t *testing.T) {
@@ -70,6 +80,7 @@ func TestStartTransactionMode(t *testing.T) {
 }
 
 func TestStopLeavesNothing(t *testing.T) {
+	needBinary(t)
 	ctx := testCtx(t)
 	b, err := Start(ctx, Options{Upstream: pgtest.DSN(t), PoolMode: PoolSession})
 	require.NoError(t, err)
@@ -99,6 +110,7 @@ func TestMissingBinary(t *testing.T) {
 // A bouncer whose upstream does not answer is reported by Start, with PgBouncer's log,
 // and nothing is left running.
 func TestBadUpstream(t *testing.T) {
+	needBinary(t)
 	port, err := freePort() // nothing listens there
 	require.NoError(t, err)
 	before := ownDirs()

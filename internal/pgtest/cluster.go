@@ -41,8 +41,9 @@ func Cluster(t testing.TB) *pglaunch.Cluster {
 	defer cancel()
 	c, err := pglaunch.Start(ctx, pglaunch.Options{Log: log})
 	if errors.Is(err, pglaunch.ErrNoBinaries) {
-		t.Fatalf("pgtest: this test needs its own PostgreSQL cluster, so it needs the PostgreSQL server binaries "+
-			"(apt-get install postgresql, dnf install postgresql-server, brew install postgresql): %v", err)
+		t.Fatalf("pgtest: this test needs its own PostgreSQL cluster, so it needs the PostgreSQL server binaries: %v\n"+
+			"Fix it with one command (Debian, Ubuntu): %s\n"+
+			"(elsewhere: dnf install postgresql-server, brew install postgresql)", err, SetupCommand())
 	}
 	if err != nil {
 		t.Fatalf("pgtest: start a private cluster: %v", err)

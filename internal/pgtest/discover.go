@@ -39,13 +39,26 @@ type sources struct {
 	Ping         func(ctx context.Context, dsn string) error
 }
 
-// howToFix ends every discovery failure.
-const howToFix = `Do one of these, then run the tests again:
+// howToFix ends a discovery failure that installing PostgreSQL fixes: first the one
+// command that fixes a Debian or Ubuntu machine, then every way ([waysToFix]).
+func howToFix() string {
+	return `Fix it with one command (Debian, Ubuntu: installs PostgreSQL's server binaries and
+PgBouncer with apt-get, through sudo unless you are root; the tests then start a
+throwaway cluster by themselves):
+    ` + SetupCommand() + `
+Or ` + waysToFix()
+}
+
+// waysToFix ends every other discovery failure (a DSN that does not answer, binaries
+// that are present but fail).
+func waysToFix() string {
+	return `do one of these, then run the tests again:
   - point the tests at a server you have: ` + EnvDatabase + `=postgres://user:password@localhost:5432/dbname?sslmode=disable
   - install the PostgreSQL server binaries, and the tests start a throwaway cluster:
     apt-get install postgresql (Debian, Ubuntu), dnf install postgresql-server (Fedora),
     brew install postgresql (macOS)
   - run a Docker engine, and the tests start ` + dockerImage + ` through testcontainers-go`
+}
 
 // discover finds the test database in the documented order: the environment variable,
 // local binaries, Docker. It stops at the first source that is present; a present source
@@ -59,7 +72,7 @@ func discover(ctx context.Context, s sources) (database, error) {
 		if db.Stop != nil {
 			err = errors.Join(err, db.Stop(context.WithoutCancel(ctx)))
 		}
-		return database{}, fmt.Errorf("pgtest: the database from %s does not answer (%s): %w\n%s", db.Via, redact(db.DSN), err, howToFix)
+		return database{}, fmt.Errorf("pgtest: the database from %s does not answer (%s): %w\nTo fix it, %s", db.Via, redact(db.DSN), err, waysToFix())
 	}
 	return db, nil
 }
@@ -72,7 +85,7 @@ func pick(ctx context.Context, s sources) (database, error) {
 	if binErr == nil {
 		db, err := s.LaunchLocal(ctx, binDir)
 		if err != nil {
-			return database{}, fmt.Errorf("pgtest: %s is not set; PostgreSQL server binaries are in %s, but a throwaway cluster did not start: %w\n%s", EnvDatabase, binDir, err, howToFix)
+			return database{}, fmt.Errorf("pgtest: %s is not set; PostgreSQL server binaries are in %s, but a throwaway cluster did not start: %w\nTo fix it, %s", EnvDatabase, binDir, err, waysToFix())
 		}
 		return db, nil
 	}
@@ -80,7 +93,7 @@ func pick(ctx context.Context, s sources) (database, error) {
 	if dockerErr == nil {
 		db, err := s.LaunchDocker(ctx)
 		if err != nil {
-			return database{}, fmt.Errorf("pgtest: %s is not set, no PostgreSQL server binaries were found, and Docker answers but %s did not start: %w\n%s", EnvDatabase, dockerImage, err, howToFix)
+			return database{}, fmt.Errorf("pgtest: %s is not set, no PostgreSQL server binaries were found, and Docker answers but %s did not start: %w\n%s", EnvDatabase, dockerImage, err, howToFix())
 		}
 		return db, nil
 	}
@@ -88,7 +101,7 @@ func pick(ctx context.Context, s sources) (database, error) {
   1. %s: not set
   2. local PostgreSQL server binaries: %v
   3. Docker (testcontainers-go): %v
-%s`, EnvDatabase, binErr, dockerErr, howToFix)
+%s`, EnvDatabase, binErr, dockerErr, howToFix())
 }
 
 // realSources are the sources used by DSN.

@@ -123,6 +123,9 @@ func TestDiscoverNothingFails(t *testing.T) {
 	require.Error(t, err)
 	assert.Equal(t, []string{"env:" + EnvDatabase, "bindir", "dockercheck"}, f.calls)
 	msg := err.Error()
+	// The one command first: without binaries or Docker, installing PostgreSQL fixes it.
+	assert.Contains(t, msg, "Fix it with one command")
+	assert.Contains(t, msg, "\n    "+SetupCommand()+"\n")
 	for _, want := range append(fixes,
 		"1. "+EnvDatabase+": not set",
 		"no initdb in /usr/lib/postgresql/*/bin",

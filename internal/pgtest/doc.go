@@ -28,6 +28,15 @@
 // try Docker: a broken local set-up should be fixed, not silently bypassed. Whatever the
 // source, the DSN must answer a ping before a test gets it.
 //
+// # Missing tools
+//
+// PostgreSQL is required: without it, tests fail (above), and the message starts with the
+// one command that fixes a Debian or Ubuntu machine ([SetupCommand]: bash .ci/setup).
+// Other tools are optional: a test that needs PgBouncer and does not find it calls
+// [MissingTool], which skips the test naming that command, or fails it when
+// PGXLOCK_TEST_STRICT=1 is set ([EnvStrict]; CI sets it), so that CI never passes with
+// the proxy tests silently skipped.
+//
 // # Isolation
 //
 // Advisory locks are database-wide, so tests never share key numbers: [UniqueInt64] and
@@ -41,7 +50,7 @@
 // separate connection) for advisory locks held or awaited by backends with the pool's
 // application_name, and fails the test listing them. A backend whose client has just closed
 // its connection may hold its locks for a few milliseconds more, so the check waits up to
-// two seconds for them to go before it reports. Tests that deliberately orphan a holder
+// ten seconds (a loaded machine can be that slow) for them to go before it reports. Tests that deliberately orphan a holder
 // (fault tests) should terminate it first, or build their pool with pgxpool directly.
 // A check that cannot connect (the test broke the path to the server on purpose) is logged,
 // not failed.

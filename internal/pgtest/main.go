@@ -27,9 +27,11 @@ var harness struct {
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
 //
 // After m.Run it stops the throwaway cluster or container, if discovery started one; then,
-// when the tests passed, it checks for leaked goroutines (goleak, allowing testcontainers'
-// reaper connection and idle HTTP connections of the Docker client) and prints them and
-// exits 1 if any remain. It never returns: it calls os.Exit with the tests' code (1 when
+// when the tests passed, it waits (at most 20 s) for the goroutines pgx starts to close
+// interrupted connections in the background ((*PgConn).asyncClose, which may drain a TLS
+// socket for up to 15 s), then checks for leaked goroutines (goleak, allowing
+// testcontainers' reaper connection and idle HTTP connections of the Docker client) and
+// prints them and exits 1 if any remain. It never returns: it calls os.Exit with the tests' code (1 when
 // the tests passed but stopping the database failed or goroutines leaked).
 func Main(m *testing.M) {
 	harness.mainRunning.Store(true)
@@ -50,6 +52,10 @@ func Main(m *testing.M) {
 		}
 	}
 	if code == 0 {
+		// pgx closes a connection whose query was interrupted in a goroutine of its own
+		// that may drain the socket for up to 15 s (see pgxAsyncCloseCreator): wait for
+		// those, and only those, to end before looking for leaks.
+		awaitAsyncCloses(asyncCloseBound)
 		if err := goleak.Find(ignore,
 			// testcontainers keeps its reaper (Ryuk) connection open until the process
 			// exits, by design: Ryuk removes the containers when it closes.
