@@ -79,7 +79,7 @@ func (m *Manager) do(ctx context.Context, op, resource string, opts *DoOptions, 
 // the background exactly as Manager.Do does. It returns ErrNotAcquired or
 // ErrNotFound at once if the row cannot be claimed.
 func (c *Column) TryDo(ctx context.Context, id any, opts *DoOptions, fn func(ctx context.Context, l *ColumnLease) error) error {
-	s, err := newSchedule("try do", fmt.Sprint(id), c.ttl, opts)
+	s, err := newSchedule("try do", resourceOf(id), c.ttl, opts)
 	if err != nil {
 		return err
 	}
@@ -98,8 +98,8 @@ func newSchedule(op, resource string, ttl time.Duration, o *DoOptions) (schedule
 		o = &DoOptions{}
 	}
 	s := schedule{every: o.RenewEvery, margin: o.Margin}
-	if ttl <= 0 {
-		return s, opError(op, resource, fmt.Errorf("%w: TTL must be > 0, got %v", ErrInvalid, ttl))
+	if err := checkTTL(ttl); err != nil {
+		return s, opError(op, resource, err)
 	}
 	if s.every == 0 {
 		s.every = ttl / 3

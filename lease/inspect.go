@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Table-wide operations on a lock-manager table: for operators, start-up
@@ -21,8 +23,8 @@ func (m *Manager) ReleaseAll(ctx context.Context, owner string) (int64, error) {
 	if err := checkText("owner", owner, MaxResourceLen); err != nil {
 		return 0, opError(op, owner, err)
 	}
-	var n int64
-	if err := m.pool.QueryRow(ctx, m.q.releaseAll, owner, m.channel).Scan(&n); err != nil {
+	n, err := m.count(ctx, m.q.releaseAll, owner, m.channel)
+	if err != nil {
 		return 0, opError(op, owner, err)
 	}
 	return n, nil
@@ -34,11 +36,21 @@ func (m *Manager) ReleaseAll(ctx context.Context, owner string) (int64, error) {
 // short and the table small. Rows locked by a concurrent renewal or
 // acquisition are skipped. ctx governs the one statement.
 func (m *Manager) Sweep(ctx context.Context) (int64, error) {
-	var n int64
-	if err := m.pool.QueryRow(ctx, m.q.sweep, m.channel).Scan(&n); err != nil {
+	n, err := m.count(ctx, m.q.sweep, m.channel)
+	if err != nil {
 		return 0, opError("sweep", "", err)
 	}
 	return n, nil
+}
+
+// count runs a table-wide statement that returns a row count, in a READ
+// COMMITTED transaction (see exec).
+func (m *Manager) count(ctx context.Context, sql string, args ...any) (int64, error) {
+	var n int64
+	err := exec(ctx, m.pool, m.releaseTimeout, waitCtx, func(b *pgx.Batch) {
+		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&n) })
+	})
+	return n, err
 }
 
 // ListOptions filter List; a nil pointer lists every live lease.

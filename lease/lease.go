@@ -60,29 +60,41 @@ func (l *Lease) ExpiresAt() time.Time {
 func (l *Lease) Renew(ctx context.Context) (err error) {
 	start := time.Now()
 	defer func() { l.m.obs.renewed(ctx, l.resource, l.token, start, err) }()
-	var expiry time.Time
-	err = l.m.pool.QueryRow(ctx, l.m.q.renew, l.resource, l.token, l.id, l.ttl).Scan(&expiry)
-	if errors.Is(err, pgx.ErrNoRows) {
+	var expiry *time.Time
+	err = exec(ctx, l.m.pool, l.m.releaseTimeout, waitCtx, func(b *pgx.Batch) {
+		b.Queue(l.m.q.renew, l.resource, l.token, l.id, l.ttl, l.mode.String()).QueryRow(func(row pgx.Row) error {
+			if err := row.Scan(&expiry); !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			return nil
+		})
+	})
+	switch {
+	case err != nil:
+		return opError("renew", l.resource, err)
+	case expiry == nil:
 		return opError("renew", l.resource, ErrLeaseLost)
 	}
-	if err != nil {
-		return opError("renew", l.resource, err)
-	}
 	l.mu.Lock()
-	l.expiresAt = expiry
+	l.expiresAt = *expiry
 	l.mu.Unlock()
 	return nil
 }
 
 // Release deletes the lease and wakes waiters (NOTIFY is sent on commit).
-// ctx governs the one statement; on the way out of a cancelled operation pass
-// context.WithoutCancel(ctx) with a timeout (Do does). It returns
+// ctx governs the one round trip; on the way out of a cancelled operation
+// pass context.WithoutCancel(ctx) with a timeout (Do does). It returns
 // ErrLeaseLost if the lease is no longer this one's: released already, swept,
 // or taken over after expiry. Releasing an expired lease nobody removed
 // succeeds.
 func (l *Lease) Release(ctx context.Context) error {
 	var n int64
-	if err := l.m.pool.QueryRow(ctx, l.m.q.release, l.resource, l.token, l.id, l.m.channel).Scan(&n); err != nil {
+	err := exec(ctx, l.m.pool, l.m.releaseTimeout, waitCtx, func(b *pgx.Batch) {
+		b.Queue(l.m.q.release, l.resource, l.token, l.id, l.m.channel, l.mode.String()).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&n)
+		})
+	})
+	if err != nil {
 		return opError("release", l.resource, err)
 	}
 	if n == 0 {

@@ -109,16 +109,18 @@ FROM (VALUES (1)) AS one (x) LEFT JOIN inserted i ON true`
 
 	// Extends a live lease only. An expired one cannot be revived: someone
 	// may already have judged it expired and acted (see acquire).
+	// $5 is the mode the caller believes it holds: a Ref edited to claim
+	// another mode matches nothing.
 	renewSQL = `
 UPDATE {holders} SET expires_at = now() + $4::interval
-WHERE resource = $1 AND token = $2 AND lease_id = $3 AND expires_at > now()
+WHERE resource = $1 AND token = $2 AND lease_id = $3 AND mode = $5::text AND expires_at > now()
 RETURNING expires_at`
 
 	// Deletes the lease if it is still this acquisition's, expired or not,
 	// and wakes waiters. Returns the number of rows deleted (0 or 1).
 	releaseSQL = `
 WITH released AS (
-	DELETE FROM {holders} WHERE resource = $1 AND token = $2 AND lease_id = $3
+	DELETE FROM {holders} WHERE resource = $1 AND token = $2 AND lease_id = $3 AND mode = $5::text
 	RETURNING resource
 )
 SELECT count(*) FROM released, LATERAL pg_notify($4, md5(released.resource))`
