@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgxlock/pgxlock/pooltx"
 )
 
 // DoOptions are per-call settings for Do and TryDo; a nil pointer means all
@@ -141,9 +146,9 @@ func run(ctx context.Context, k keepAlive, s schedule, fn func(context.Context) 
 	finish := func() error {
 		stopKeeper() // also interrupts a renewal in flight
 		wg.Wait()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.timeout)
+		rctx, cancel := pooltx.CleanupContext(ctx, k.timeout)
 		defer cancel()
-		return k.release(rctx)
+		return releaseRetrying(rctx, k.release)
 	}
 	panicked := true
 	defer func() {
@@ -162,10 +167,58 @@ func run(ctx context.Context, k keepAlive, s schedule, fn func(context.Context) 
 	if lost != nil && !errors.Is(fnErr, ErrLeaseLost) {
 		errs = append(errs, lost)
 	}
-	if relErr != nil && !(lost != nil && errors.Is(relErr, ErrLeaseLost)) {
+	switch {
+	case relErr == nil, lost != nil && errors.Is(relErr, ErrLeaseLost):
+	case errors.Is(relErr, ErrLeaseLost): // lost unnoticed: the work was not protected to the end
 		errs = append(errs, relErr)
+	default: // the lease may still be held, until its TTL
+		errs = append(errs, fmt.Errorf("%w: %w", ErrNotReleased, relErr))
 	}
 	return errors.Join(errs...)
+}
+
+// releaseTries bounds how many connections releaseRetrying tries. A pool
+// can hand out several dead connections in a row (pgxpool checks only
+// connections idle for over a second), each of which fails at once.
+const releaseTries = 4
+
+// releaseRetrying releases, retrying (up to releaseTries times, within ctx)
+// when the attempt failed on the connection rather than in the database: a
+// pooled connection found dead after the work. If an earlier attempt's
+// outcome was unknown and a retry finds the lease gone (ErrLeaseLost), the
+// earlier attempt released it, and that is success.
+func releaseRetrying(ctx context.Context, release func(context.Context) error) error {
+	unknown := false
+	var err error
+	for range releaseTries {
+		err = release(ctx)
+		switch {
+		case err == nil:
+			return nil
+		case unknown && errors.Is(err, ErrLeaseLost):
+			return nil
+		case !connectionFailed(err) || ctx.Err() != nil:
+			return err
+		}
+		unknown = unknown || outcomeUnknown(err)
+	}
+	return err
+}
+
+// connectionFailed reports an error of the connection, not of the statement
+// or of the caller: no lease verdict, no context error, and either no server
+// error or one that ends the session (class 08, connection exception; 57P0x,
+// a terminated backend or a server shutting down).
+func connectionFailed(err error) bool {
+	if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotFound) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P0")
+	}
+	return true
 }
 
 // keep renews on schedule until ctx ends (returning nil) or the lease is lost

@@ -28,6 +28,14 @@ var (
 	// protected write (Fence.Update) also reports it.
 	ErrLeaseLost = errors.New("lease: lost")
 
+	// ErrNotReleased means Do's final release failed (after retrying on a
+	// fresh connection when the pooled one was dead): the callback's work is
+	// done, but the lease may stay held until its TTL, keeping others out.
+	// Do returns it joined with the release's cause and the callback's own
+	// error (nil when the work succeeded: "the external calls succeeded, the
+	// release failed"). It is not returned when the lease was lost instead.
+	ErrNotReleased = errors.New("lease: not released")
+
 	// ErrNotFound means the row a column lease (or a fenced write) names does
 	// not exist. It is distinct from ErrNotAcquired so that a typo in an id is
 	// not mistaken for contention.
@@ -76,14 +84,16 @@ func opError(op, resource string, err error) error {
 	return &Error{Op: op, Resource: clip(resource), Err: err}
 }
 
-// MaxErrorResourceLen is the longest resource name or row id an Error
-// carries, in bytes; a longer one is cut short (on a UTF-8 boundary) and
-// marked with its full length, so that a hostile 10 MB id does not end up
+// MaxErrorResourceLen is about the longest resource name or row id an Error
+// carries, in bytes; one longer by more than 32 bytes is cut to this length
+// (on a UTF-8 boundary) and marked with its full length, so that a hostile 10 MB id does not end up
 // copied into every error string and log line.
 const MaxErrorResourceLen = 256
 
 func clip(s string) string {
-	if len(s) <= MaxErrorResourceLen {
+	// The slack keeps clip idempotent: a clipped string (at most
+	// MaxErrorResourceLen bytes plus the marker) is not clipped again.
+	if len(s) <= MaxErrorResourceLen+32 {
 		return s
 	}
 	n := MaxErrorResourceLen
@@ -105,7 +115,9 @@ func resourceOf(id any) string {
 }
 
 // checkID validates a column lease's row id: PostgreSQL would reject a NUL
-// byte or invalid UTF-8 in a text id with a less helpful error (22021), and
+// byte or invalid UTF-8 in a text id with a less helpful error (22021), a
+// string id longer than MaxResourceLen cannot be a sensible key (and would be
+// quoted whole in the server's error messages), and
 // a nil or typed-nil id (a nil *int64) can only ever match no row.
 func checkID(id any) error {
 	if id == nil {
@@ -119,6 +131,8 @@ func checkID(id any) error {
 	}
 	if s, ok := id.(string); ok {
 		switch {
+		case len(s) > MaxResourceLen:
+			return fmt.Errorf("%w: id is longer than %d bytes", ErrInvalid, MaxResourceLen)
 		case strings.ContainsRune(s, 0):
 			return fmt.Errorf("%w: id contains a NUL byte", ErrInvalid)
 		case !utf8.ValidString(s):
