@@ -61,6 +61,7 @@ type Column struct {
 	renewSQL       string
 	releaseSQL     string
 	migrateSQL     string
+	columns        []string // locked-at, owner, fence: what Migrate checks for
 	obs            observer
 }
 
@@ -169,6 +170,7 @@ func NewColumn(pool *pgxpool.Pool, cfg ColumnConfig) (*Column, error) {
 		renewSQL:       r.Replace(columnRenewSQL),
 		releaseSQL:     r.Replace(columnReleaseSQL),
 		migrateSQL:     r.Replace(columnMigrateSQL),
+		columns:        []string{cfg.LockedAtColumn, cfg.OwnerColumn, cfg.FenceColumn},
 		obs:            newObserver(FormColumn, cfg.Tracer, cfg.Logger),
 	}, nil
 }

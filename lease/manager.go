@@ -187,6 +187,8 @@ func NewManager(pool *pgxpool.Pool, cfg ManagerConfig) (*Manager, error) {
 		"{holders}", m.holders, "{resources}", m.resources,
 		"{owner_idx}", quote(names.ownerIndex), "{expiry_idx}", quote(names.expiryIndex),
 	))
+	m.q.upToDate = relationsExistSQL
+	m.q.upToDateArgs = []any{m.holders, m.resources, qualify(cfg.Schema, names.ownerIndex), qualify(cfg.Schema, names.expiryIndex)}
 	m.lis = newListener(pool, cfg.Channel, cfg.PollInterval, cfg.ReleaseTimeout)
 	return m, nil
 }

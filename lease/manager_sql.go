@@ -20,7 +20,8 @@ import "strings"
 type managerSQL struct {
 	lockResource, acquire, renew, release, giveBack string
 	releaseAll, sweep, list                         string
-	schema                                          string
+	schema, upToDate                                string
+	upToDateArgs                                    []any
 }
 
 func newManagerSQL(r *strings.Replacer) managerSQL {
