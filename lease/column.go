@@ -22,8 +22,13 @@ type ColumnConfig struct {
 	Table string
 	// IDColumn identifies a row; it must be unique (a primary key). Default "id".
 	IDColumn string
-	// LockedAtColumn is a nullable timestamptz: NULL when free, else the
-	// database time of the last acquisition or renewal. Default "locked_at".
+	// LockedAtColumn is a nullable timestamptz or timestamp (without time
+	// zone): NULL when free, else the database time of the last acquisition
+	// or renewal. A timestamp column holds that time in UTC, whatever the
+	// sessions' TimeZone: every lease statement runs with TimeZone UTC for
+	// its transaction, so sessions in different zones agree. (Values written
+	// in another zone by an older version are misjudged by the offset, once,
+	// until released or expired.) Default "locked_at".
 	LockedAtColumn string
 	// OwnerColumn is a nullable text or uuid column holding the random token
 	// of the current acquisition. Release and Renew only touch a row whose
@@ -33,7 +38,7 @@ type ColumnConfig struct {
 	// acquisition; its new value is the fencing token. Default "lock_fence".
 	FenceColumn string
 	// TTL after which a lease that was neither renewed nor released may be
-	// taken by the next acquirer. Required, > 0. Every process leasing this
+	// taken by the next acquirer. Required, at least MinTTL. Every process leasing this
 	// table must use the same TTL: the row stores when it was locked, not
 	// when it expires, so each acquirer judges staleness by its own TTL.
 	TTL time.Duration

@@ -45,9 +45,12 @@ type DoOptions struct {
 // ctx governs the acquisition and is the parent of fn's context. The renewal
 // goroutine is stopped and waited for before the release, which runs under
 // context.WithoutCancel(ctx) bounded by ReleaseTimeout, also when fn panics
-// (the panic then continues). Do returns fn's error, joined with the loss
-// (wrapping ErrLeaseLost, even if fn returned nil: its work was not
-// protected to the end) and with any release error.
+// (the panic then continues). A release that fails on the connection rather
+// than in the database (a pooled connection found dead after the work) is
+// retried on another connection within that bound. Do returns fn's error,
+// joined with the loss (wrapping ErrLeaseLost, even if fn returned nil: its
+// work was not protected to the end) and with a release failure (wrapping
+// ErrNotReleased and its cause: the lease may stay held until its TTL).
 func (m *Manager) Do(ctx context.Context, resource string, opts *DoOptions, fn func(ctx context.Context, l *Lease) error) error {
 	return m.do(ctx, "do", resource, opts, m.Acquire, fn)
 }

@@ -22,9 +22,11 @@ type ManagerConfig struct {
 	Schema string
 	// Table holding one row per lease holder. Default "pgxlock_leases". A
 	// companion table named Table+"_resources" holds one row per resource
-	// ever leased: its fencing counter and any waiting writer's intent.
+	// ever leased: its fencing counter and any waiting writer's intent. At
+	// most MaxTableLen bytes, without a dot (the schema goes in Schema).
 	Table string
-	// TTL of a lease when AcquireOptions.TTL is zero. Required, > 0.
+	// TTL of a lease when AcquireOptions.TTL is zero, and of every renewal
+	// of a resumed lease (see Resume). Required, at least MinTTL.
 	TTL time.Duration
 	// Owner label stored with each lease when AcquireOptions.Owner is empty.
 	// ReleaseAll and List select by it. Default "<hostname>:<pid>".
@@ -39,8 +41,10 @@ type ManagerConfig struct {
 	// derived from the qualified table name, so two tables never share one.
 	Channel string
 	// ReleaseTimeout bounds the release Do runs after its callback, the
-	// give-back after an acquisition whose outcome is unknown, and the
-	// clean-up of a waiting connection. Default 5s.
+	// give-back after an acquisition whose outcome is unknown, the clearing
+	// of an abandoned writer intent, and closing the LISTEN connection; the
+	// steps of one call run concurrently, so a call overshoots its context's
+	// deadline by at most one ReleaseTimeout. Default 5s.
 	ReleaseTimeout time.Duration
 	// Tracer, when set, receives every renewal (see RenewTracer).
 	Tracer RenewTracer
@@ -98,7 +102,7 @@ type AcquireOptions struct {
 
 // Manager acquires leases from a lock-manager table. It is safe for concurrent
 // use. Between calls it holds no connection; while at least one blocking
-// Acquire waits, it holds one pooled connection for LISTEN.
+// Acquire waits, it holds one dedicated (not pooled) connection for LISTEN.
 type Manager struct {
 	pool           *pgxpool.Pool
 	holders        string // quoted, qualified
