@@ -19,7 +19,7 @@ import "strings"
 //     with each other or with an acquisition.
 type managerSQL struct {
 	lockResource, acquire, renew, release, giveBack string
-	releaseAll, sweep, list                         string
+	releaseAll, sweep, list, intents                string
 	schema, upToDate                                string
 	upToDateArgs                                    []any
 }
@@ -34,6 +34,7 @@ func newManagerSQL(r *strings.Replacer) managerSQL {
 		releaseAll:   r.Replace(releaseAllSQL),
 		sweep:        r.Replace(sweepSQL),
 		list:         r.Replace(listSQL),
+		intents:      r.Replace(intentsSQL),
 		schema:       r.Replace(managerSchemaSQL),
 	}
 }
@@ -175,4 +176,14 @@ WHERE ($1::text IS NULL OR resource = $1::text)
   AND ($2::text IS NULL OR owner = $2::text)
   AND ($3::bool OR expires_at > now())
 ORDER BY resource, token`
+
+	// Writer intents: one per resource at most. $1 resource filter, $2
+	// include intents past their lifetime (they block nobody).
+	intentsSQL = `
+SELECT resource, writer_intent_until, writer_intent_until <= now()
+FROM {resources}
+WHERE writer_intent IS NOT NULL
+  AND ($1::text IS NULL OR resource = $1::text)
+  AND ($2::bool OR writer_intent_until > now())
+ORDER BY resource`
 )
