@@ -79,15 +79,38 @@
 //
 // Shared leases coexist with each other and exclude exclusive ones: many
 // readers, no writer. A continuous stream of overlapping readers would starve
-// a writer that waits for "no readers", so the policy is writer preference,
-// as in sync.RWMutex: a blocking exclusive Acquire that is refused stores a
-// writer intent on the resource, and from then on new shared acquisitions are
-// refused (they wait), while the readers already inside finish. The writer
-// gets in as soon as they leave, and clears its intent when granted or when
-// it gives up. The intent lasts three poll intervals and is refreshed at
-// every attempt, so a writer that dies while waiting blocks readers only
-// briefly. TryAcquire never registers an intent. The cost of the policy:
-// readers can be kept waiting by a stream of writers.
+// a writer that waits for "no readers", so the policy is writer preference:
+// a blocking exclusive Acquire that is refused stores a writer intent on the
+// resource, and from then on new shared acquisitions are refused (they
+// wait), while the readers already inside finish. The writer gets in as soon
+// as they leave, and clears its intent when granted or when it gives up. The
+// intent lasts three poll intervals and is refreshed at every attempt, so a
+// writer that dies while waiting blocks readers only briefly. TryAcquire
+// never registers an intent. [Manager.ListIntents] (and pgxlock leases) show
+// the intents, which is why readers may be refused while [Manager.List]
+// shows no exclusive holder.
+//
+// The cost of the policy: readers can starve. Unlike sync.RWMutex, which
+// admits the readers that were waiting when a writer unlocks, nothing here
+// hands the resource to waiting readers as a batch; while another writer is
+// waiting when one leaves, its intent keeps the readers out. Under a
+// continuous stream of writers, readers may get no lease at all: use
+// exclusive mode for everyone, or bound the writers, where that matters.
+//
+// # No upgrade, one resource at a time
+//
+// There is no upgrade from Shared to Exclusive. A holder of a Shared lease
+// that calls Acquire for an Exclusive lease of the same resource is not
+// recognised as the same party: it waits for its own shared lease to end,
+// that is until its context ends, and its writer intent refuses other
+// readers meanwhile. Release the shared lease first, then acquire the
+// exclusive one (and re-read what the shared lease protected). TryAcquire
+// would report ErrNotAcquired at once instead.
+//
+// Each call leases one resource; there is no multi-resource call. A process
+// that needs several leases at once should acquire them in one fixed order
+// (sort the names) and with a context deadline, so that two processes asking
+// for the same set in different orders cannot wait for each other forever.
 //
 // # Isolation and time zones
 //
