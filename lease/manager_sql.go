@@ -65,7 +65,14 @@ ON CONFLICT (resource) DO UPDATE SET fence = r.fence WHERE false`
 	//
 	// granted / waiting: exactly one of them updates the resource row. A
 	// grant bumps the fence (the new value is the token) and clears the
-	// intent if it is ours; a blocked writer that waits stores its intent.
+	// intent if it is ours, or any intent for an exclusive grant: the
+	// writers still waiting are shut out by this holder anyway. A blocked
+	// writer that waits stores its intent only while readers alone block it
+	// (writer preference), and withdraws it while a writer holds: so when a
+	// writer leaves, no intent is left over from its tenure, and the readers
+	// that waited through it compete for the next turn on equal terms with
+	// the next writer instead of being refused by its intent (readers would
+	// otherwise starve under a stream of writers).
 	//
 	// The final row always exists: token is NULL when not granted, and
 	// retry_after is the seconds until the earliest blocker expires.
@@ -80,25 +87,29 @@ WITH expired AS (
 	RETURNING token
 ),
 blockers AS (
-	SELECT b.expires_at AS until FROM {holders} b
+	SELECT b.expires_at AS until, b.mode AS kind FROM {holders} b
 	WHERE b.resource = $1
 	  AND b.token NOT IN (SELECT token FROM expired)
 	  AND ($2::text = 'exclusive' OR b.mode = 'exclusive')
 	UNION ALL
-	SELECT r.writer_intent_until FROM {resources} r
+	SELECT r.writer_intent_until, 'intent' FROM {resources} r
 	WHERE r.resource = $1 AND $2::text = 'shared' AND r.writer_intent_until > now()
 ),
 granted AS (
 	UPDATE {resources} r SET
 		fence = r.fence + 1,
-		writer_intent = CASE WHEN r.writer_intent = $7::text THEN NULL ELSE r.writer_intent END,
-		writer_intent_until = CASE WHEN r.writer_intent = $7::text THEN NULL ELSE r.writer_intent_until END
+		writer_intent = CASE WHEN $2::text = 'exclusive' OR r.writer_intent = $7::text THEN NULL ELSE r.writer_intent END,
+		writer_intent_until = CASE WHEN $2::text = 'exclusive' OR r.writer_intent = $7::text THEN NULL ELSE r.writer_intent_until END
 	WHERE r.resource = $1 AND NOT EXISTS (SELECT 1 FROM blockers)
 	RETURNING r.fence
 ),
 waiting AS (
-	UPDATE {resources} r SET writer_intent = $7::text, writer_intent_until = now() + $8::interval
+	UPDATE {resources} r SET
+		writer_intent = CASE WHEN w.by_writer THEN NULL ELSE $7::text END,
+		writer_intent_until = CASE WHEN w.by_writer THEN NULL ELSE now() + $8::interval END
+	FROM (SELECT bool_or(kind = 'exclusive') AS by_writer FROM blockers) w
 	WHERE r.resource = $1 AND $7::text IS NOT NULL AND EXISTS (SELECT 1 FROM blockers)
+	  AND (NOT w.by_writer OR r.writer_intent = $7::text)
 ),
 inserted AS (
 	INSERT INTO {holders} (resource, token, lease_id, owner, mode, acquired_at, expires_at, metadata)

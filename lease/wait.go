@@ -20,9 +20,9 @@ import (
 // NOTIFY channel and tries again whenever a release, give-back or sweep of
 // this resource is notified, and otherwise after a jittered PollInterval
 // (or sooner, when the database says the blocking lease expires sooner: a
-// lease that expires sends no notification). A blocked Exclusive request
-// registers a writer intent that keeps new Shared acquisitions out until it
-// is granted or abandoned (see the package docs). All waiting Acquire calls
+// lease that expires sends no notification). An Exclusive request blocked by
+// readers registers a writer intent that keeps new Shared acquisitions out
+// until it is granted or abandoned (see the package docs). All waiting Acquire calls
 // of one Manager share one dedicated LISTEN connection (not from the pool);
 // attempts borrow a pooled connection only for their one round trip, so a
 // pool of one connection is enough.
