@@ -49,6 +49,9 @@ func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOpt
 		if outcomeUnknown(err) {
 			m.giveBack(ctx, req)
 		}
+		if err != nil && ctx.Err() != nil { // the failure is the cancellation's doing
+			err = opError(req.op, resource, errors.Join(ErrNotAcquired, context.Cause(ctx)))
+		}
 		return l, err
 	}
 	// Subscribe, then attempt again before the first wait: a release that
