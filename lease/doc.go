@@ -102,15 +102,19 @@
 // 10ms and pausing 5ms, for 4s, on two pools) every goroutine of both sides
 // is granted; the turn order is a race, not a strict alternation.
 //
-// # No upgrade, one resource at a time
+// # Upgrade, one resource at a time
 //
-// There is no upgrade from Shared to Exclusive. A holder of a Shared lease
-// that calls Acquire for an Exclusive lease of the same resource is not
+// [Lease.TryUpgrade] turns a Shared lease into an Exclusive one, keeping its
+// fencing token, when it is the only live holder of the resource, and
+// otherwise refuses at once with [ErrNotAcquired]: it never waits, so two
+// readers that both try to upgrade are both refused at once instead of
+// deadlocking. There is no waiting upgrade. A holder of a Shared lease that
+// calls Acquire for an Exclusive lease of the same resource is not
 // recognised as the same party: it waits for its own shared lease to end,
 // that is until its context ends, and its writer intent refuses other
-// readers meanwhile. Release the shared lease first, then acquire the
-// exclusive one (and re-read what the shared lease protected). TryAcquire
-// would report ErrNotAcquired at once instead.
+// readers meanwhile. To wait for the other readers, release the shared lease
+// first, then acquire the exclusive one (and re-read what the shared lease
+// protected).
 //
 // Each call leases one resource; there is no multi-resource call. A process
 // that needs several leases at once should acquire them in one fixed order

@@ -19,7 +19,7 @@ import "strings"
 //     with each other or with an acquisition.
 type managerSQL struct {
 	lockResource, acquire, renew, release, giveBack string
-	releaseAll, sweep, list, intents                string
+	releaseAll, sweep, list, intents, upgrade       string
 	schema, upToDate                                string
 	upToDateArgs                                    []any
 }
@@ -35,6 +35,7 @@ func newManagerSQL(r *strings.Replacer) managerSQL {
 		sweep:        r.Replace(sweepSQL),
 		list:         r.Replace(listSQL),
 		intents:      r.Replace(intentsSQL),
+		upgrade:      r.Replace(upgradeSQL),
 		schema:       r.Replace(managerSchemaSQL),
 	}
 }
@@ -197,4 +198,33 @@ WHERE writer_intent IS NOT NULL
   AND ($1::text IS NULL OR resource = $1::text)
   AND ($2::bool OR writer_intent_until > now())
 ORDER BY resource`
+
+	// Upgrade, after lockResource: $1 resource, $2 token, $3 lease_id, $4
+	// ttl. Expired other holders are deleted as acquire does (FOR UPDATE
+	// re-checks them against concurrent renewals); every other row left
+	// blocks. The final row always exists: expires_at is NULL when refused,
+	// mine says whether this lease is still a live shared holder.
+	upgradeSQL = `
+WITH expired AS (
+	DELETE FROM {holders}
+	WHERE ctid = ANY (ARRAY(
+		SELECT ctid FROM {holders}
+		WHERE resource = $1 AND lease_id <> $3 AND expires_at <= now()
+		ORDER BY token
+		FOR UPDATE))
+	RETURNING token
+),
+mine AS (
+	SELECT 1 FROM {holders}
+	WHERE resource = $1 AND token = $2 AND lease_id = $3 AND mode = 'shared' AND expires_at > now()
+),
+upgraded AS (
+	UPDATE {holders} SET mode = 'exclusive', expires_at = now() + $4::interval
+	WHERE resource = $1 AND token = $2 AND lease_id = $3 AND EXISTS (SELECT 1 FROM mine)
+	  AND NOT EXISTS (
+		SELECT 1 FROM {holders} o
+		WHERE o.resource = $1 AND o.lease_id <> $3 AND o.token NOT IN (SELECT token FROM expired))
+	RETURNING expires_at
+)
+SELECT (SELECT expires_at FROM upgraded), EXISTS (SELECT 1 FROM mine)`
 )

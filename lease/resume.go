@@ -31,7 +31,7 @@ type Ref struct {
 
 // Ref returns the reference of this acquisition.
 func (l *Lease) Ref() Ref {
-	return Ref{Resource: l.resource, ID: l.id, Token: l.token, Mode: l.mode, TTL: l.ttl}
+	return Ref{Resource: l.resource, ID: l.id, Token: l.token, Mode: l.Mode(), TTL: l.ttl}
 }
 
 // Resume rebuilds a Lease from a Ref, for Renew and Release. It sends
