@@ -102,7 +102,7 @@
 // 10ms and pausing 5ms, for 4s, on two pools) every goroutine of both sides
 // is granted; the turn order is a race, not a strict alternation.
 //
-// # Upgrade, one resource at a time
+// # Upgrade, and several resources
 //
 // [Lease.TryUpgrade] turns a Shared lease into an Exclusive one, keeping its
 // fencing token, when it is the only live holder of the resource, and
@@ -116,10 +116,11 @@
 // first, then acquire the exclusive one (and re-read what the shared lease
 // protected).
 //
-// Each call leases one resource; there is no multi-resource call. A process
-// that needs several leases at once should acquire them in one fixed order
-// (sort the names) and with a context deadline, so that two processes asking
-// for the same set in different orders cannot wait for each other forever.
+// [Manager.AcquireAll] and [Manager.TryAcquireAll] lease several resources,
+// all or nothing: they sort the names and acquire in that order, as the
+// advisory multi-key calls do, so callers asking for the same resources in
+// different orders never each hold what the other waits for; on failure
+// they give back what they took.
 //
 // # Isolation and time zones
 //
