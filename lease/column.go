@@ -2,11 +2,13 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -20,8 +22,13 @@ type ColumnConfig struct {
 	Table string
 	// IDColumn identifies a row; it must be unique (a primary key). Default "id".
 	IDColumn string
-	// LockedAtColumn is a nullable timestamptz: NULL when free, else the
-	// database time of the last acquisition or renewal. Default "locked_at".
+	// LockedAtColumn is a nullable timestamptz or timestamp (without time
+	// zone): NULL when free, else the database time of the last acquisition
+	// or renewal. A timestamp column holds that time in UTC, whatever the
+	// sessions' TimeZone: every lease statement runs with TimeZone UTC for
+	// its transaction, so sessions in different zones agree. (Values written
+	// in another zone by an older version are misjudged by the offset, once,
+	// until released or expired.) Default "locked_at".
 	LockedAtColumn string
 	// OwnerColumn is a nullable text or uuid column holding the random token
 	// of the current acquisition. Release and Renew only touch a row whose
@@ -31,7 +38,7 @@ type ColumnConfig struct {
 	// acquisition; its new value is the fencing token. Default "lock_fence".
 	FenceColumn string
 	// TTL after which a lease that was neither renewed nor released may be
-	// taken by the next acquirer. Required, > 0. Every process leasing this
+	// taken by the next acquirer. Required, at least MinTTL. Every process leasing this
 	// table must use the same TTL: the row stores when it was locked, not
 	// when it expires, so each acquirer judges staleness by its own TTL.
 	TTL time.Duration
@@ -59,6 +66,7 @@ type Column struct {
 	renewSQL       string
 	releaseSQL     string
 	migrateSQL     string
+	columns        []string // locked-at, owner, fence: what Migrate checks for
 	obs            observer
 }
 
@@ -144,8 +152,11 @@ func NewColumn(pool *pgxpool.Pool, cfg ColumnConfig) (*Column, error) {
 	if len(cols) != 4 {
 		return nil, opError(op, "", fmt.Errorf("%w: the id, locked-at, owner and fence columns must be four distinct columns", ErrInvalid))
 	}
-	if cfg.TTL <= 0 {
-		return nil, opError(op, "", fmt.Errorf("%w: TTL must be > 0, got %v", ErrInvalid, cfg.TTL))
+	if err := checkTTL(cfg.TTL); err != nil {
+		return nil, opError(op, "", err)
+	}
+	if err := checkTable(cfg.Table); err != nil {
+		return nil, opError(op, "", err)
 	}
 	if cfg.ReleaseTimeout < 0 {
 		return nil, opError(op, "", fmt.Errorf("%w: negative release timeout", ErrInvalid))
@@ -164,6 +175,7 @@ func NewColumn(pool *pgxpool.Pool, cfg ColumnConfig) (*Column, error) {
 		renewSQL:       r.Replace(columnRenewSQL),
 		releaseSQL:     r.Replace(columnReleaseSQL),
 		migrateSQL:     r.Replace(columnMigrateSQL),
+		columns:        []string{cfg.LockedAtColumn, cfg.OwnerColumn, cfg.FenceColumn},
 		obs:            newObserver(FormColumn, cfg.Tracer, cfg.Logger),
 	}, nil
 }
@@ -172,30 +184,36 @@ func NewColumn(pool *pgxpool.Pool, cfg ColumnConfig) (*Column, error) {
 func (c *Column) TTL() time.Duration { return c.ttl }
 
 // TryAcquire claims the row whose id column equals id, if it is free or its
-// lease is older than the TTL. It never waits for a holder.
+// lease is older than the TTL. It never waits for a holder, and waits at most
+// TryLockTimeout for a row lock held by another transaction (an unrelated
+// UPDATE of the same row that has not committed): the row is then reported
+// busy.
 //
-// ctx governs the one statement. It returns ErrNotAcquired when another
-// holder's lease is live, ErrNotFound when no row has this id, ErrInvalid for
-// a nil id. If the statement's outcome is unknown (the connection failed or
-// ctx ended after it was sent), TryAcquire clears the row if the lease turns
-// out to be ours, under a fresh context bounded by ReleaseTimeout, and
-// returns the original error.
+// ctx governs the one round trip. It returns ErrNotAcquired when another
+// holder's lease is live or the row is locked past TryLockTimeout,
+// ErrNotFound when no row has this id, ErrInvalid for a nil or typed-nil id
+// and for a string id with a NUL byte or invalid UTF-8. If the statement's
+// outcome is unknown (the connection failed or ctx ended after it was sent),
+// TryAcquire clears the row if the lease turns out to be ours, under a fresh
+// context bounded by ReleaseTimeout, and returns the original error: it
+// returns within ctx's deadline plus one ReleaseTimeout.
 func (c *Column) TryAcquire(ctx context.Context, id any) (*ColumnLease, error) {
 	const op = "try acquire"
-	if id == nil {
-		return nil, opError(op, "", fmt.Errorf("%w: nil id", ErrInvalid))
+	if err := checkID(id); err != nil {
+		return nil, opError(op, resourceOf(id), err)
 	}
 	l := &ColumnLease{c: c, id: id, owner: newID()}
 	l.started = time.Now()
-	conn, err := c.pool.Acquire(ctx)
-	if err != nil { // nothing was sent
-		return nil, opError(op, l.Resource(), err)
-	}
 	var token *int64
 	var exists bool
-	err = conn.QueryRow(ctx, c.acquireSQL, id, l.owner, c.ttl).Scan(&token, &exists)
-	conn.Release() // a connection broken by ctx is closed, and the pool destroys it
+	err := exec(ctx, c.pool, c.releaseTimeout, waitTry, func(b *pgx.Batch) {
+		b.Queue(c.acquireSQL, id, l.owner, c.ttl).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&token, &exists)
+		})
+	})
 	switch {
+	case isLockTimeout(err): // the row is locked by a transaction: busy
+		return nil, opError(op, l.Resource(), errors.Join(ErrNotAcquired, err))
 	case err != nil:
 		if outcomeUnknown(err) {
 			l.giveBack(ctx)
@@ -224,8 +242,9 @@ type ColumnLease struct {
 // ID returns the leased row's id as passed to TryAcquire.
 func (l *ColumnLease) ID() any { return l.id }
 
-// Resource returns the row id formatted with %v, as used in errors.
-func (l *ColumnLease) Resource() string { return fmt.Sprint(l.id) }
+// Resource returns the row id formatted with %v, as used in errors (cut
+// short past MaxErrorResourceLen bytes).
+func (l *ColumnLease) Resource() string { return resourceOf(l.id) }
 
 // Owner returns the random token stored in the owner column while held.
 func (l *ColumnLease) Owner() string { return l.owner }
@@ -257,10 +276,12 @@ func (l *ColumnLease) Release(ctx context.Context) error {
 
 func (l *ColumnLease) scoped(ctx context.Context, op, sql string, args ...any) error {
 	var ours, exists bool
-	if err := l.c.pool.QueryRow(ctx, sql, args...).Scan(&ours, &exists); err != nil {
-		return opError(op, l.Resource(), err)
-	}
+	err := exec(ctx, l.c.pool, l.c.releaseTimeout, waitCtx, func(b *pgx.Batch) {
+		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&ours, &exists) })
+	})
 	switch {
+	case err != nil:
+		return opError(op, l.Resource(), err)
 	case ours:
 		return nil
 	case !exists:

@@ -104,7 +104,7 @@ func TestContentionExclusive(t *testing.T) {
 		ctx := testCtx(t)
 		var inside atomic.Int32
 		var wg sync.WaitGroup
-		errs := make(chan error, goroutines)
+		errs := make(chan error, 2*goroutines*rounds) // room for every error a goroutine may send
 		for who := range goroutines {
 			pool := []*pgxpool.Pool{p1, p2}[who%2]
 			wg.Go(func() {

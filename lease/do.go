@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgxlock/pgxlock/pooltx"
 )
 
 // DoOptions are per-call settings for Do and TryDo; a nil pointer means all
@@ -40,9 +45,12 @@ type DoOptions struct {
 // ctx governs the acquisition and is the parent of fn's context. The renewal
 // goroutine is stopped and waited for before the release, which runs under
 // context.WithoutCancel(ctx) bounded by ReleaseTimeout, also when fn panics
-// (the panic then continues). Do returns fn's error, joined with the loss
-// (wrapping ErrLeaseLost, even if fn returned nil: its work was not
-// protected to the end) and with any release error.
+// (the panic then continues). A release that fails on the connection rather
+// than in the database (a pooled connection found dead after the work) is
+// retried on another connection within that bound. Do returns fn's error,
+// joined with the loss (wrapping ErrLeaseLost, even if fn returned nil: its
+// work was not protected to the end) and with a release failure (wrapping
+// ErrNotReleased and its cause: the lease may stay held until its TTL).
 func (m *Manager) Do(ctx context.Context, resource string, opts *DoOptions, fn func(ctx context.Context, l *Lease) error) error {
 	return m.do(ctx, "do", resource, opts, m.Acquire, fn)
 }
@@ -79,7 +87,7 @@ func (m *Manager) do(ctx context.Context, op, resource string, opts *DoOptions, 
 // the background exactly as Manager.Do does. It returns ErrNotAcquired or
 // ErrNotFound at once if the row cannot be claimed.
 func (c *Column) TryDo(ctx context.Context, id any, opts *DoOptions, fn func(ctx context.Context, l *ColumnLease) error) error {
-	s, err := newSchedule("try do", fmt.Sprint(id), c.ttl, opts)
+	s, err := newSchedule("try do", resourceOf(id), c.ttl, opts)
 	if err != nil {
 		return err
 	}
@@ -98,8 +106,8 @@ func newSchedule(op, resource string, ttl time.Duration, o *DoOptions) (schedule
 		o = &DoOptions{}
 	}
 	s := schedule{every: o.RenewEvery, margin: o.Margin}
-	if ttl <= 0 {
-		return s, opError(op, resource, fmt.Errorf("%w: TTL must be > 0, got %v", ErrInvalid, ttl))
+	if err := checkTTL(ttl); err != nil {
+		return s, opError(op, resource, err)
 	}
 	if s.every == 0 {
 		s.every = ttl / 3
@@ -141,9 +149,9 @@ func run(ctx context.Context, k keepAlive, s schedule, fn func(context.Context) 
 	finish := func() error {
 		stopKeeper() // also interrupts a renewal in flight
 		wg.Wait()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), k.timeout)
+		rctx, cancel := pooltx.CleanupContext(ctx, k.timeout)
 		defer cancel()
-		return k.release(rctx)
+		return releaseRetrying(rctx, k.release)
 	}
 	panicked := true
 	defer func() {
@@ -162,10 +170,58 @@ func run(ctx context.Context, k keepAlive, s schedule, fn func(context.Context) 
 	if lost != nil && !errors.Is(fnErr, ErrLeaseLost) {
 		errs = append(errs, lost)
 	}
-	if relErr != nil && !(lost != nil && errors.Is(relErr, ErrLeaseLost)) {
+	switch {
+	case relErr == nil, lost != nil && errors.Is(relErr, ErrLeaseLost):
+	case errors.Is(relErr, ErrLeaseLost): // lost unnoticed: the work was not protected to the end
 		errs = append(errs, relErr)
+	default: // the lease may still be held, until its TTL
+		errs = append(errs, fmt.Errorf("%w: %w", ErrNotReleased, relErr))
 	}
 	return errors.Join(errs...)
+}
+
+// releaseTries bounds how many connections releaseRetrying tries. A pool
+// can hand out several dead connections in a row (pgxpool checks only
+// connections idle for over a second), each of which fails at once.
+const releaseTries = 4
+
+// releaseRetrying releases, retrying (up to releaseTries times, within ctx)
+// when the attempt failed on the connection rather than in the database: a
+// pooled connection found dead after the work. If an earlier attempt's
+// outcome was unknown and a retry finds the lease gone (ErrLeaseLost), the
+// earlier attempt released it, and that is success.
+func releaseRetrying(ctx context.Context, release func(context.Context) error) error {
+	unknown := false
+	var err error
+	for range releaseTries {
+		err = release(ctx)
+		switch {
+		case err == nil:
+			return nil
+		case unknown && errors.Is(err, ErrLeaseLost):
+			return nil
+		case !connectionFailed(err) || ctx.Err() != nil:
+			return err
+		}
+		unknown = unknown || outcomeUnknown(err)
+	}
+	return err
+}
+
+// connectionFailed reports an error of the connection, not of the statement
+// or of the caller: no lease verdict, no context error, and either no server
+// error or one that ends the session (class 08, connection exception; 57P0x,
+// a terminated backend or a server shutting down).
+func connectionFailed(err error) bool {
+	if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotFound) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P0")
+	}
+	return true
 }
 
 // keep renews on schedule until ctx ends (returning nil) or the lease is lost

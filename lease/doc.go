@@ -12,8 +12,9 @@
 // # Two forms
 //
 // A column lease ([Column]) lives in three columns of a row you already have,
-// the "users.identity_action_locked_at" pattern: a nullable timestamptz (when
-// locked), the owner token of the current acquisition, and a fencing counter.
+// the "users.identity_action_locked_at" pattern: a nullable timestamptz or
+// timestamp (when locked), the owner token of the current acquisition, and a
+// fencing counter.
 // Acquisition is one statement,
 //
 //	UPDATE users SET locked_at = now(), locked_by = $token, lock_fence = lock_fence + 1
@@ -22,7 +23,10 @@
 // that either changes one row (held) or none: [ErrNotAcquired] when someone
 // else holds a live lease, [ErrNotFound] when no row has that id. Two racing
 // statements cannot both win: the second waits for the first's row lock, then
-// re-evaluates its WHERE clause against the committed row and matches nothing.
+// re-evaluates its WHERE clause against the committed row and matches nothing
+// (see Isolation and time zones below). It waits at most [TryLockTimeout] for
+// a row lock: a row locked longer, by a transaction that is not a lease
+// statement, is reported busy.
 // Renew and Release are scoped to the owner token, which is fresh for every
 // acquisition, so a holder whose lease was taken over can neither extend nor
 // clear the new holder's. Column leases are non-blocking (TryAcquire, TryDo):
@@ -50,26 +54,92 @@
 // ReleaseAll, Sweep) of that resource is notified, or after a jittered poll
 // interval, or right after the moment the database says the blocking lease
 // expires (an expiry sends no notification). All waiting calls of a Manager
-// share one pooled connection for LISTEN, held only while someone waits and
-// returned clean (UNLISTEN *, no buffered notifications) or closed. Attempts
-// borrow a connection for one round trip. A release wakes every waiting
+// share one dedicated connection for LISTEN, opened from the pool's
+// connection config (the pool's BeforeConnect and AfterConnect hooks do not
+// run for it), held only while someone waits and then closed: it never takes
+// a pooled connection, so a pool of one connection is enough, and a
+// connection that ran LISTEN never goes back to the pool. Attempts borrow a
+// pooled connection for one round trip and wait at most [TryLockTimeout] for
+// a row lock, then count as refused. A release wakes every waiting
 // reader of the process but only the longest-waiting writer. The context
 // governs the whole wait; when it ends, Acquire returns an error wrapping
 // both [ErrNotAcquired] and the context's cause.
+//
+// # Deadlines
+//
+// Every call returns within its context's deadline plus at most one
+// ReleaseTimeout (ManagerConfig, ColumnConfig; default 5s), also through a
+// frozen network: the clean-up a call may owe after its context ends (giving
+// back an attempt whose outcome is unknown, clearing a writer intent,
+// closing the LISTEN connection) runs under fresh contexts bounded by
+// ReleaseTimeout, concurrently, never one after another. Do adds the
+// callback's own time and one bounded release.
 //
 // # Shared mode and writer preference
 //
 // Shared leases coexist with each other and exclude exclusive ones: many
 // readers, no writer. A continuous stream of overlapping readers would starve
-// a writer that waits for "no readers", so the policy is writer preference,
-// as in sync.RWMutex: a blocking exclusive Acquire that is refused stores a
-// writer intent on the resource, and from then on new shared acquisitions are
-// refused (they wait), while the readers already inside finish. The writer
-// gets in as soon as they leave, and clears its intent when granted or when
-// it gives up. The intent lasts three poll intervals and is refreshed at
-// every attempt, so a writer that dies while waiting blocks readers only
-// briefly. TryAcquire never registers an intent. The cost of the policy:
-// readers can be kept waiting by a stream of writers.
+// a writer that waits for "no readers", so writers are preferred over new
+// readers: a blocking exclusive Acquire that is refused because readers hold
+// the resource stores a writer intent on it, and from then on new shared
+// acquisitions are refused (they wait), while the readers already inside
+// finish. The writer gets in as soon as they leave, and clears its intent
+// when granted or when it gives up. The intent lasts three poll intervals
+// and is refreshed at every attempt, so a writer that dies while waiting
+// blocks readers only briefly. TryAcquire never registers an intent.
+// [Manager.ListIntents] (and pgxlock leases) show the intents, which is why
+// readers may be refused while [Manager.List] shows no exclusive holder.
+//
+// Readers must not starve either. A writer that is refused because another
+// writer holds the resource stores no intent (and withdraws one it had), and
+// an exclusive grant clears any intent: the other writers are shut out by
+// the holder anyway. So when a writer leaves, no intent is left from its
+// tenure; its release wakes every waiting reader of each process and one
+// waiting writer, and they compete for the next turn on equal terms. Once a
+// reader is in, the next writer's intent closes the door behind the readers
+// that made it, as sync.RWMutex does. Neither side is starved: in
+// TestReadersAndWritersBothProgress (4 writers and 4 readers, each holding
+// 10ms and pausing 5ms, for 4s, on two pools) every goroutine of both sides
+// is granted; the turn order is a race, not a strict alternation.
+//
+// # Upgrade, and several resources
+//
+// [Lease.TryUpgrade] turns a Shared lease into an Exclusive one, keeping its
+// fencing token, when it is the only live holder of the resource, and
+// otherwise refuses at once with [ErrNotAcquired]: it never waits, so two
+// readers that both try to upgrade are both refused at once instead of
+// deadlocking. There is no waiting upgrade. A holder of a Shared lease that
+// calls Acquire for an Exclusive lease of the same resource is not
+// recognised as the same party: it waits for its own shared lease to end,
+// that is until its context ends, and its writer intent refuses other
+// readers meanwhile. To wait for the other readers, release the shared lease
+// first, then acquire the exclusive one (and re-read what the shared lease
+// protected).
+//
+// [Manager.AcquireAll] and [Manager.TryAcquireAll] lease several resources,
+// all or nothing: they sort the names and acquire in that order, as the
+// advisory multi-key calls do, so callers asking for the same resources in
+// different orders never each hold what the other waits for; on failure
+// they give back what they took.
+//
+// # Isolation and time zones
+//
+// Every lease statement runs in its own short transaction, sent in one round
+// trip with its frame,
+//
+//	BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE;
+//	SELECT set_config('TimeZone', 'UTC', true) [, set_config('lock_timeout', ...)];
+//	<the statement>; COMMIT
+//
+// whatever the session defaults are. The compare-and-swap needs READ
+// COMMITTED: under REPEATABLE READ or SERIALIZABLE (default_transaction_isolation)
+// a racing UPDATE fails with 40001 instead of matching no row; here no
+// serialization failure reaches the caller. TimeZone UTC makes a timestamp
+// (without time zone) lock column hold UTC for every session, so sessions in
+// different zones agree on whether a lease is live. Both settings are
+// transaction-local and end with the transaction; a transaction left
+// aborted is rolled back, or its connection destroyed (package pooltx).
+// Migrate, which runs DDL, is the one exception (see [Manager.Migrate]).
 //
 // # Time is the database's
 //
@@ -84,6 +154,11 @@
 // A column lease stores when it was locked, not when it expires, so every
 // process leasing the same column must use the same TTL. The lock-manager
 // table stores expires_at per lease, so TTLs may differ per call.
+//
+// Every TTL must be at least [MinTTL] (100ms); a shorter one is
+// [ErrInvalid]. PostgreSQL truncates intervals below a microsecond to zero,
+// so a TTL in the wrong unit (30, meaning 30ns) would otherwise give no
+// exclusion at all.
 //
 // # Choosing the TTL
 //
@@ -136,9 +211,12 @@
 // The callback must stop its external work when its context ends. After the
 // callback returns (or panics), the renewal goroutine is stopped and waited
 // for, and the release runs under context.WithoutCancel with a bounded
-// timeout, so a cancelled caller still releases. Do returns the callback's
-// error joined with the loss (even when the callback returned nil: its work
-// was not protected to the end) and any release error.
+// timeout, so a cancelled caller still releases; a release that fails on a
+// dead pooled connection is retried on another within that bound. Do
+// returns the callback's error joined with the loss (even when the callback
+// returned nil: its work was not protected to the end) and with a release
+// that failed for good, wrapping [ErrNotReleased]: "the external calls
+// succeeded, the release failed", the lease stays until its TTL.
 //
 // # Do not map the lock columns in an ORM
 //
@@ -167,12 +245,14 @@
 //
 // # Errors
 //
-// Every error is an [*Error] carrying the operation and resource, wrapping
-// [ErrNotAcquired], [ErrLeaseLost], [ErrNotFound], [ErrInvalid], a context
-// error, or a driver error; a *pgconn.PgError stays in the chain for
-// errors.As. Bad input (empty or oversized resource, TTL <= 0, a renew
-// interval that does not fit in the TTL, invalid identifiers) is reported as
-// [ErrInvalid] before any SQL is sent. Identifiers are always quoted with
+// Every error is an [*Error] carrying the operation and resource (cut short
+// past [MaxErrorResourceLen]), wrapping [ErrNotAcquired], [ErrLeaseLost],
+// [ErrNotFound], [ErrNotReleased], [ErrInvalid], a context error, or a driver
+// error; a *pgconn.PgError stays in the chain for errors.As. Bad input (empty
+// or oversized resource or id, a nil or typed-nil id, NUL bytes or invalid
+// UTF-8, a TTL below MinTTL, a renew interval that does not fit in the TTL,
+// invalid identifiers, a dotted table name, an unknown mode, metadata jsonb
+// cannot store) is reported as [ErrInvalid] before any SQL is sent. Identifiers are always quoted with
 // pgx.Identifier and values always travel as bind parameters.
 //
 // If an acquiring statement fails in a way that leaves its outcome unknown
@@ -180,4 +260,9 @@
 // the call deletes whatever it may have created, under a fresh context
 // bounded by the configured ReleaseTimeout, before returning the error. If
 // that fails too, the TTL reclaims the lease.
+//
+// A [Ref] or [ColumnRef] stored by a client is client input: a resumed lease
+// renews for the Manager's TTL whatever the Ref says, an unknown mode is
+// refused and an edited one matches nothing, and ColumnRef decodes integer
+// ids as int64 (never float64) so it survives encoding/json.
 package lease

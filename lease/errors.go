@@ -1,9 +1,13 @@
 package lease
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -24,15 +28,25 @@ var (
 	// protected write (Fence.Update) also reports it.
 	ErrLeaseLost = errors.New("lease: lost")
 
+	// ErrNotReleased means Do's final release failed (after retrying on a
+	// fresh connection when the pooled one was dead): the callback's work is
+	// done, but the lease may stay held until its TTL, keeping others out.
+	// Do returns it joined with the release's cause and the callback's own
+	// error (nil when the work succeeded: "the external calls succeeded, the
+	// release failed"). It is not returned when the lease was lost instead.
+	ErrNotReleased = errors.New("lease: not released")
+
 	// ErrNotFound means the row a column lease (or a fenced write) names does
 	// not exist. It is distinct from ErrNotAcquired so that a typo in an id is
 	// not mistaken for contention.
 	ErrNotFound = errors.New("lease: row not found")
 
 	// ErrInvalid means bad input, found before any SQL is sent: an empty or
-	// oversized resource, a TTL <= 0, a renew interval that does not fit
-	// inside the TTL, an invalid identifier, an unknown mode, metadata that is
-	// not JSON.
+	// oversized resource, a TTL below MinTTL, a renew interval that does not
+	// fit inside the TTL, an invalid identifier (or a schema-qualified table
+	// name: use the Schema field), an unknown mode, metadata that is not JSON
+	// or that jsonb cannot store (a \u0000 escape), a nil, typed-nil, NUL or
+	// invalid UTF-8 row id.
 	ErrInvalid = errors.New("lease: invalid argument")
 )
 
@@ -67,7 +81,79 @@ func opError(op, resource string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return &Error{Op: op, Resource: resource, Err: err}
+	return &Error{Op: op, Resource: clip(resource), Err: err}
+}
+
+// MaxErrorResourceLen is about the longest resource name or row id an Error
+// carries, in bytes; one longer by more than 32 bytes is cut to this length
+// (on a UTF-8 boundary) and marked with its full length, so that a hostile 10 MB id does not end up
+// copied into every error string and log line.
+const MaxErrorResourceLen = 256
+
+func clip(s string) string {
+	// The slack keeps clip idempotent: a clipped string (at most
+	// MaxErrorResourceLen bytes plus the marker) is not clipped again.
+	if len(s) <= MaxErrorResourceLen+32 {
+		return s
+	}
+	n := MaxErrorResourceLen
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return fmt.Sprintf("%s...(%d bytes)", s[:n], len(s))
+}
+
+// resourceOf formats a row id for errors: %v, cut short like every resource.
+func resourceOf(id any) string {
+	if s, ok := id.(string); ok {
+		return clip(s)
+	}
+	if b, ok := id.([]byte); ok && len(b) > MaxErrorResourceLen {
+		return clip(string(b))
+	}
+	return clip(fmt.Sprint(id))
+}
+
+// checkID validates a column lease's row id: PostgreSQL would reject a NUL
+// byte or invalid UTF-8 in a text id with a less helpful error (22021), a
+// string id longer than MaxResourceLen cannot be a sensible key (and would be
+// quoted whole in the server's error messages), and
+// a nil or typed-nil id (a nil *int64) can only ever match no row.
+func checkID(id any) error {
+	if id == nil {
+		return fmt.Errorf("%w: nil id", ErrInvalid)
+	}
+	switch v := reflect.ValueOf(id); v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		if v.IsNil() {
+			return fmt.Errorf("%w: nil id (%T)", ErrInvalid, id)
+		}
+	}
+	if s, ok := id.(string); ok {
+		switch {
+		case len(s) > MaxResourceLen:
+			return fmt.Errorf("%w: id is longer than %d bytes", ErrInvalid, MaxResourceLen)
+		case strings.ContainsRune(s, 0):
+			return fmt.Errorf("%w: id contains a NUL byte", ErrInvalid)
+		case !utf8.ValidString(s):
+			return fmt.Errorf("%w: id is not valid UTF-8", ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// MinTTL is the shortest TTL accepted anywhere (ColumnConfig, ManagerConfig,
+// AcquireOptions). PostgreSQL truncates intervals below a microsecond to
+// zero, so a TTL given in the wrong unit (30 meaning 30ns) would give no
+// exclusion at all; and a lease shorter than a few round trips and a
+// scheduling pause cannot be renewed in time anyway.
+const MinTTL = 100 * time.Millisecond
+
+func checkTTL(ttl time.Duration) error {
+	if ttl < MinTTL {
+		return fmt.Errorf("%w: TTL must be at least %v, got %v", ErrInvalid, MinTTL, ttl)
+	}
+	return nil
 }
 
 // maxIdentifierLen is PostgreSQL's NAMEDATALEN-1. Longer names are silently
@@ -115,9 +201,62 @@ func checkText(what, s string, maxLen int) error {
 // came back from the server. An error from the server means the (implicit)
 // transaction rolled back; pgconn.SafeToRetry means nothing was sent.
 func outcomeUnknown(err error) bool {
+	if err == nil {
+		return false
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return false
 	}
 	return !pgconn.SafeToRetry(err)
+}
+
+// checkTable refuses a table name with a dot: "public.users" is one
+// identifier to PostgreSQL (a table literally named so), which is never what
+// was meant. The schema goes in the Schema field.
+func checkTable(name string) error {
+	if strings.Contains(name, ".") {
+		return fmt.Errorf("%w: table %q contains a dot; put the schema in the Schema field (Schema: %q, Table: %q)",
+			ErrInvalid, name, name[:strings.Index(name, ".")], name[strings.Index(name, ".")+1:])
+	}
+	return nil
+}
+
+// checkMetadata accepts JSON that a jsonb column can store: valid JSON with
+// no \u0000 in any string or key (jsonb rejects it with 22P05).
+func checkMetadata(raw []byte) error {
+	if !json.Valid(raw) {
+		return fmt.Errorf("%w: metadata is not valid JSON", ErrInvalid)
+	}
+	if !bytes.Contains(raw, []byte(`\u0000`)) {
+		return nil
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return fmt.Errorf("%w: metadata: %v", ErrInvalid, err)
+	}
+	if hasNUL(v) {
+		return fmt.Errorf("%w: metadata contains \\u0000, which jsonb cannot store", ErrInvalid)
+	}
+	return nil
+}
+
+func hasNUL(v any) bool {
+	switch v := v.(type) {
+	case string:
+		return strings.ContainsRune(v, 0)
+	case []any:
+		for _, e := range v {
+			if hasNUL(e) {
+				return true
+			}
+		}
+	case map[string]any:
+		for k, e := range v {
+			if strings.ContainsRune(k, 0) || hasNUL(e) {
+				return true
+			}
+		}
+	}
+	return false
 }

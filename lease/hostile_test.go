@@ -91,7 +91,9 @@ func TestHostileIdentifiersAndValues(t *testing.T) {
 		resources := pgx.Identifier{schema, cfg.Table + "_resources"}.Sanitize()
 		meta := json.RawMessage(`{"note": "'; DROP TABLE x; --", "q": "\"", "u": "☃"}`)
 		for _, r := range hostile {
-			l, err := m1.TryAcquire(ctx, r, &lease.AcquireOptions{Metadata: meta})
+			// Shared, so that the blocked writer below stores its intent
+			// (a writer blocked by a writer stores none).
+			l, err := m1.TryAcquire(ctx, r, &lease.AcquireOptions{Metadata: meta, Mode: lease.Shared})
 			require.NoError(t, err, "%q", r)
 			// A blocking waiter on the other pool must be woken by NOTIFY (the
 			// poll interval is an hour), whatever the resource name.

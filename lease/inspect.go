@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Table-wide operations on a lock-manager table: for operators, start-up
@@ -21,8 +23,8 @@ func (m *Manager) ReleaseAll(ctx context.Context, owner string) (int64, error) {
 	if err := checkText("owner", owner, MaxResourceLen); err != nil {
 		return 0, opError(op, owner, err)
 	}
-	var n int64
-	if err := m.pool.QueryRow(ctx, m.q.releaseAll, owner, m.channel).Scan(&n); err != nil {
+	n, err := m.count(ctx, m.q.releaseAll, owner, m.channel)
+	if err != nil {
 		return 0, opError(op, owner, err)
 	}
 	return n, nil
@@ -34,11 +36,21 @@ func (m *Manager) ReleaseAll(ctx context.Context, owner string) (int64, error) {
 // short and the table small. Rows locked by a concurrent renewal or
 // acquisition are skipped. ctx governs the one statement.
 func (m *Manager) Sweep(ctx context.Context) (int64, error) {
-	var n int64
-	if err := m.pool.QueryRow(ctx, m.q.sweep, m.channel).Scan(&n); err != nil {
+	n, err := m.count(ctx, m.q.sweep, m.channel)
+	if err != nil {
 		return 0, opError("sweep", "", err)
 	}
 	return n, nil
+}
+
+// count runs a table-wide statement that returns a row count, in a READ
+// COMMITTED transaction (see exec).
+func (m *Manager) count(ctx context.Context, sql string, args ...any) (int64, error) {
+	var n int64
+	err := exec(ctx, m.pool, m.releaseTimeout, waitCtx, func(b *pgx.Batch) {
+		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&n) })
+	})
+	return n, err
 }
 
 // ListOptions filter List; a nil pointer lists every live lease.
@@ -110,4 +122,51 @@ func (h Holder) String() string {
 		state = "expired"
 	}
 	return fmt.Sprintf("%q %s token=%d owner=%q %s until %s", h.Resource, h.Mode, h.Token, h.Owner, state, h.ExpiresAt.Format(time.RFC3339Nano))
+}
+
+// Intent is a writer waiting for a resource, as seen by ListIntents: a
+// blocked Exclusive Acquire that refuses new Shared acquisitions while it
+// waits (see the package documentation). Times are the database's.
+type Intent struct {
+	Resource string
+	Until    time.Time // the intent lapses then unless its writer refreshes it
+	Expired  bool      // Until <= now() on the database when listed: it blocks nobody
+}
+
+// ListIntents returns the writer intents in the table ordered by resource:
+// why readers are being refused while List may show no exclusive holder.
+// opts.Resource filters, opts.IncludeExpired adds lapsed intents (a writer
+// that gave up or died), and opts.Owner is ignored (an intent records no
+// owner). It is a snapshot. ctx governs the one query.
+func (m *Manager) ListIntents(ctx context.Context, opts *ListOptions) ([]Intent, error) {
+	const op = "list intents"
+	if opts == nil {
+		opts = &ListOptions{}
+	}
+	var resource any
+	if opts.Resource != "" {
+		resource = opts.Resource
+	}
+	rows, err := m.pool.Query(ctx, m.q.intents, resource, opts.IncludeExpired)
+	if err != nil {
+		return nil, opError(op, opts.Resource, err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Intent, error) {
+		var in Intent
+		err := row.Scan(&in.Resource, &in.Until, &in.Expired)
+		return in, err
+	})
+	if err != nil {
+		return nil, opError(op, opts.Resource, err)
+	}
+	return out, nil
+}
+
+// String formats an intent for logs and the operator CLI.
+func (in Intent) String() string {
+	state := "waiting"
+	if in.Expired {
+		state = "lapsed"
+	}
+	return fmt.Sprintf("%q writer %s until %s", in.Resource, state, in.Until.Format(time.RFC3339Nano))
 }

@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -24,6 +25,7 @@ type Lease struct {
 
 	mu        sync.Mutex
 	expiresAt time.Time
+	upgraded  bool // Shared turned Exclusive by TryUpgrade
 }
 
 // Resource returns the leased resource name.
@@ -32,8 +34,15 @@ func (l *Lease) Resource() string { return l.resource }
 // Owner returns the owner label stored with the lease.
 func (l *Lease) Owner() string { return l.owner }
 
-// Mode returns the lease's mode.
-func (l *Lease) Mode() Mode { return l.mode }
+// Mode returns the lease's mode: Exclusive after a successful TryUpgrade.
+func (l *Lease) Mode() Mode {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.upgraded {
+		return Exclusive
+	}
+	return l.mode
+}
 
 // Token returns the fencing token, strictly greater than every earlier
 // acquisition's token for the same resource (any mode).
@@ -60,34 +69,85 @@ func (l *Lease) ExpiresAt() time.Time {
 func (l *Lease) Renew(ctx context.Context) (err error) {
 	start := time.Now()
 	defer func() { l.m.obs.renewed(ctx, l.resource, l.token, start, err) }()
-	var expiry time.Time
-	err = l.m.pool.QueryRow(ctx, l.m.q.renew, l.resource, l.token, l.id, l.ttl).Scan(&expiry)
-	if errors.Is(err, pgx.ErrNoRows) {
+	var expiry *time.Time
+	err = exec(ctx, l.m.pool, l.m.releaseTimeout, waitCtx, func(b *pgx.Batch) {
+		b.Queue(l.m.q.renew, l.resource, l.token, l.id, l.ttl, l.Mode().String()).QueryRow(func(row pgx.Row) error {
+			if err := row.Scan(&expiry); !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			return nil
+		})
+	})
+	switch {
+	case err != nil:
+		return opError("renew", l.resource, err)
+	case expiry == nil:
 		return opError("renew", l.resource, ErrLeaseLost)
 	}
-	if err != nil {
-		return opError("renew", l.resource, err)
-	}
 	l.mu.Lock()
-	l.expiresAt = expiry
+	l.expiresAt = *expiry
 	l.mu.Unlock()
 	return nil
 }
 
 // Release deletes the lease and wakes waiters (NOTIFY is sent on commit).
-// ctx governs the one statement; on the way out of a cancelled operation pass
-// context.WithoutCancel(ctx) with a timeout (Do does). It returns
+// ctx governs the one round trip; on the way out of a cancelled operation
+// pass context.WithoutCancel(ctx) with a timeout (Do does). It returns
 // ErrLeaseLost if the lease is no longer this one's: released already, swept,
 // or taken over after expiry. Releasing an expired lease nobody removed
 // succeeds.
 func (l *Lease) Release(ctx context.Context) error {
 	var n int64
-	if err := l.m.pool.QueryRow(ctx, l.m.q.release, l.resource, l.token, l.id, l.m.channel).Scan(&n); err != nil {
+	err := exec(ctx, l.m.pool, l.m.releaseTimeout, waitCtx, func(b *pgx.Batch) {
+		b.Queue(l.m.q.release, l.resource, l.token, l.id, l.m.channel, l.Mode().String()).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&n)
+		})
+	})
+	if err != nil {
 		return opError("release", l.resource, err)
 	}
 	if n == 0 {
 		return opError("release", l.resource, ErrLeaseLost)
 	}
+	return nil
+}
+
+// TryUpgrade turns this Shared lease into an Exclusive one if this is the
+// only live holder of the resource, and extends it to now() + TTL; it never
+// waits. It returns ErrNotAcquired at once if any other holder is live
+// (another reader; two readers that both try to upgrade are both refused,
+// never deadlocked), ErrLeaseLost if this lease is no longer live, and
+// ErrInvalid if it is not Shared. The fencing token is unchanged: it is
+// already greater than every earlier writer's, and every later writer's will
+// be greater still. ctx governs the one round trip. To wait for the other
+// readers, release and Acquire exclusively instead (see the package
+// documentation: an Acquire(Exclusive) while holding Shared waits for itself).
+func (l *Lease) TryUpgrade(ctx context.Context) error {
+	const op = "try upgrade"
+	if l.Mode() != Shared {
+		return opError(op, l.resource, fmt.Errorf("%w: only a shared lease can be upgraded", ErrInvalid))
+	}
+	var expiry *time.Time
+	var mine bool
+	err := exec(ctx, l.m.pool, l.m.releaseTimeout, waitTry, func(b *pgx.Batch) {
+		b.Queue(l.m.q.lockResource, l.resource)
+		b.Queue(l.m.q.upgrade, l.resource, l.token, l.id, l.ttl).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&expiry, &mine)
+		})
+	})
+	switch {
+	case isLockTimeout(err):
+		return opError(op, l.resource, errors.Join(ErrNotAcquired, err))
+	case err != nil:
+		return opError(op, l.resource, err)
+	case !mine:
+		return opError(op, l.resource, ErrLeaseLost)
+	case expiry == nil:
+		return opError(op, l.resource, fmt.Errorf("%w: other holders are live", ErrNotAcquired))
+	}
+	l.mu.Lock()
+	l.upgraded, l.expiresAt = true, *expiry
+	l.mu.Unlock()
 	return nil
 }
 

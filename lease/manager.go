@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgxlock/pgxlock/pooltx"
 )
 
 // ManagerConfig describes a lock-manager table. The zero value of every field
@@ -19,9 +22,11 @@ type ManagerConfig struct {
 	Schema string
 	// Table holding one row per lease holder. Default "pgxlock_leases". A
 	// companion table named Table+"_resources" holds one row per resource
-	// ever leased: its fencing counter and any waiting writer's intent.
+	// ever leased: its fencing counter and any waiting writer's intent. At
+	// most MaxTableLen bytes, without a dot (the schema goes in Schema).
 	Table string
-	// TTL of a lease when AcquireOptions.TTL is zero. Required, > 0.
+	// TTL of a lease when AcquireOptions.TTL is zero, and of every renewal
+	// of a resumed lease (see Resume). Required, at least MinTTL.
 	TTL time.Duration
 	// Owner label stored with each lease when AcquireOptions.Owner is empty.
 	// ReleaseAll and List select by it. Default "<hostname>:<pid>".
@@ -36,8 +41,10 @@ type ManagerConfig struct {
 	// derived from the qualified table name, so two tables never share one.
 	Channel string
 	// ReleaseTimeout bounds the release Do runs after its callback, the
-	// give-back after an acquisition whose outcome is unknown, and the
-	// clean-up of a waiting connection. Default 5s.
+	// give-back after an acquisition whose outcome is unknown, the clearing
+	// of an abandoned writer intent, and closing the LISTEN connection; the
+	// steps of one call run concurrently, so a call overshoots its context's
+	// deadline by at most one ReleaseTimeout. Default 5s.
 	ReleaseTimeout time.Duration
 	// Tracer, when set, receives every renewal (see RenewTracer).
 	Tracer RenewTracer
@@ -88,14 +95,14 @@ func parseMode(s string) (Mode, error) {
 // AcquireOptions are per-call settings; a nil pointer means all defaults.
 type AcquireOptions struct {
 	Mode     Mode            // Default Exclusive.
-	TTL      time.Duration   // Default ManagerConfig.TTL; must not be negative.
+	TTL      time.Duration   // Default ManagerConfig.TTL; else at least MinTTL.
 	Owner    string          // Default ManagerConfig.Owner.
 	Metadata json.RawMessage // Stored in the metadata jsonb column; nil stores NULL.
 }
 
 // Manager acquires leases from a lock-manager table. It is safe for concurrent
 // use. Between calls it holds no connection; while at least one blocking
-// Acquire waits, it holds one pooled connection for LISTEN.
+// Acquire waits, it holds one dedicated (not pooled) connection for LISTEN.
 type Manager struct {
 	pool           *pgxpool.Pool
 	holders        string // quoted, qualified
@@ -134,13 +141,20 @@ func NewManager(pool *pgxpool.Pool, cfg ManagerConfig) (*Manager, error) {
 			return nil, opError(op, "", err)
 		}
 	}
+	if err := checkTable(cfg.Table); err != nil {
+		return nil, opError(op, "", err)
+	}
+	if len(cfg.Table) > MaxTableLen {
+		return nil, opError(op, "", fmt.Errorf("%w: table is longer than %d bytes (the limit leaves room for the derived names, such as %q)",
+			ErrInvalid, MaxTableLen, tableNames("t").expiryIndex))
+	}
 	names := tableNames(cfg.Table)
 	for what, name := range map[string]string{
 		"table": names.holders, "resource table": names.resources,
 		"owner index": names.ownerIndex, "expiry index": names.expiryIndex,
 	} {
 		if err := checkIdentifier(what, name); err != nil {
-			return nil, opError(op, "", fmt.Errorf("%w (table names are limited to %d bytes so derived names fit)", err, maxIdentifierLen-len("_resources")))
+			return nil, opError(op, "", err)
 		}
 	}
 	holders := qualify(cfg.Schema, names.holders)
@@ -153,9 +167,10 @@ func NewManager(pool *pgxpool.Pool, cfg ManagerConfig) (*Manager, error) {
 	if err := checkText("owner", cfg.Owner, MaxResourceLen); err != nil {
 		return nil, opError(op, "", err)
 	}
+	if err := checkTTL(cfg.TTL); err != nil {
+		return nil, opError(op, "", err)
+	}
 	switch {
-	case cfg.TTL <= 0:
-		return nil, opError(op, "", fmt.Errorf("%w: TTL must be > 0, got %v", ErrInvalid, cfg.TTL))
 	case cfg.PollInterval < time.Millisecond:
 		return nil, opError(op, "", fmt.Errorf("%w: poll interval must be at least 1ms, got %v", ErrInvalid, cfg.PollInterval))
 	case cfg.ReleaseTimeout < 0:
@@ -176,9 +191,16 @@ func NewManager(pool *pgxpool.Pool, cfg ManagerConfig) (*Manager, error) {
 		"{holders}", m.holders, "{resources}", m.resources,
 		"{owner_idx}", quote(names.ownerIndex), "{expiry_idx}", quote(names.expiryIndex),
 	))
+	m.q.upToDate = relationsExistSQL
+	m.q.upToDateArgs = []any{m.holders, m.resources, qualify(cfg.Schema, names.ownerIndex), qualify(cfg.Schema, names.expiryIndex)}
 	m.lis = newListener(pool, cfg.Channel, cfg.PollInterval, cfg.ReleaseTimeout)
 	return m, nil
 }
+
+// MaxTableLen is the longest ManagerConfig.Table accepted, in bytes:
+// PostgreSQL's 63-byte identifier limit minus the longest suffix of a derived
+// name ("_expires_idx").
+const MaxTableLen = maxIdentifierLen - len("_expires_idx")
 
 type derivedNames struct{ holders, resources, ownerIndex, expiryIndex string }
 
@@ -222,70 +244,71 @@ func (m *Manager) newRequest(op, resource string, opts *AcquireOptions) (*reques
 	if r.mode != Exclusive && r.mode != Shared {
 		return nil, opError(op, resource, fmt.Errorf("%w: unknown mode %v", ErrInvalid, r.mode))
 	}
-	switch {
-	case r.ttl < 0:
-		return nil, opError(op, resource, fmt.Errorf("%w: TTL must be > 0, got %v", ErrInvalid, r.ttl))
-	case r.ttl == 0:
+	if r.ttl == 0 {
 		r.ttl = m.ttl
+	} else if err := checkTTL(r.ttl); err != nil {
+		return nil, opError(op, resource, err)
 	}
 	if opts.Metadata != nil {
-		if !json.Valid(opts.Metadata) {
-			return nil, opError(op, resource, fmt.Errorf("%w: metadata is not valid JSON", ErrInvalid))
+		if err := checkMetadata(opts.Metadata); err != nil {
+			return nil, opError(op, resource, err)
 		}
 		r.metadata = string(opts.Metadata)
 	}
 	return r, nil
 }
 
-// TryAcquire makes one attempt at the lease and never waits for a holder.
+// TryAcquire makes one attempt at the lease and never waits for a holder; it
+// waits at most TryLockTimeout for a row lock held by another transaction.
 // ctx governs the attempt. It returns ErrNotAcquired if a live lease
-// conflicts (for Shared, also a live writer intent: see the package docs), and
-// ErrInvalid for bad input. If the attempt's outcome is unknown (connection
-// failure, ctx ended after sending) any lease it may have created is deleted
-// under a fresh context bounded by ReleaseTimeout before the error returns.
+// conflicts (for Shared, also a live writer intent: see the package docs) or
+// the resource's row stays locked past TryLockTimeout, and ErrInvalid for
+// bad input. If the attempt's outcome is unknown (connection failure, ctx
+// ended after sending) any lease it may have created is deleted under a
+// fresh context bounded by ReleaseTimeout before the error returns, so
+// TryAcquire returns within ctx's deadline plus one ReleaseTimeout.
 func (m *Manager) TryAcquire(ctx context.Context, resource string, opts *AcquireOptions) (*Lease, error) {
 	req, err := m.newRequest("try acquire", resource, opts)
 	if err != nil {
 		return nil, err
 	}
 	l, _, err := m.attempt(ctx, req)
+	if outcomeUnknown(err) {
+		m.giveBack(ctx, req)
+	}
 	return l, err
 }
 
 // attempt runs the acquisition batch once. On ErrNotAcquired it also returns
 // how long, by the database clock, until the earliest conflicting lease or
-// intent expires (0 when unknown).
+// intent expires (0 when unknown). It does not give back an attempt whose
+// outcome is unknown (outcomeUnknown(err)): the caller does, once, together
+// with whatever else it must clean up.
 func (m *Manager) attempt(ctx context.Context, req *request) (*Lease, time.Duration, error) {
-	conn, err := m.pool.Acquire(ctx)
-	if err != nil { // nothing was sent
-		return nil, 0, opError(req.op, req.resource, err)
-	}
 	started := time.Now()
 	var intent any
 	if req.intent != "" {
 		intent = req.intent
 	}
-	// Two statements, one round trip, one implicit transaction (pgx sends a
-	// single Sync): the first locks the resource's counter row, the second
-	// (with a fresh READ COMMITTED snapshot, taken after the lock) decides.
-	b := &pgx.Batch{}
-	b.Queue(m.q.lockResource, req.resource)
+	// One transaction, one round trip: the first statement locks the
+	// resource's counter row, the second (with a fresh READ COMMITTED
+	// snapshot, taken after the lock) decides.
 	var (
 		token              *int64
 		acquiredAt, expiry *time.Time
 		retryAfter         *float64
 	)
-	b.Queue(m.q.acquire, req.resource, req.mode.String(), req.leaseID, req.owner, req.ttl,
-		req.metadata, intent, 3*m.poll).QueryRow(func(row pgx.Row) error {
-		return row.Scan(&token, &acquiredAt, &expiry, &retryAfter)
+	err := exec(ctx, m.pool, m.releaseTimeout, waitTry, func(b *pgx.Batch) {
+		b.Queue(m.q.lockResource, req.resource)
+		b.Queue(m.q.acquire, req.resource, req.mode.String(), req.leaseID, req.owner, req.ttl,
+			req.metadata, intent, 3*m.poll).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&token, &acquiredAt, &expiry, &retryAfter)
+		})
 	})
-	err = conn.SendBatch(ctx, b).Close()
-	conn.Release()
 	switch {
+	case isLockTimeout(err): // the resource row is locked by a transaction: busy
+		return nil, 0, opError(req.op, req.resource, errors.Join(ErrNotAcquired, err))
 	case err != nil:
-		if outcomeUnknown(err) {
-			m.giveBack(ctx, req, req.intent)
-		}
 		return nil, 0, opError(req.op, req.resource, err)
 	case token == nil:
 		var wait time.Duration
@@ -301,8 +324,9 @@ func (m *Manager) attempt(ctx context.Context, req *request) (*Lease, time.Durat
 }
 
 // giveBack deletes the lease row an attempt with an unknown outcome may have
-// created and clears the writer intent it may have registered, under a fresh
-// bounded context, waking waiters if anything went.
+// created and clears the writer intent the request may have registered
+// (req.intent), under a fresh context bounded by ReleaseTimeout, waking
+// waiters if anything went.
 //
 // It first takes the resource lock, like an acquisition: an abandoned attempt
 // that is still queued for that lock on the server (its client gone, its
@@ -310,11 +334,15 @@ func (m *Manager) attempt(ctx context.Context, req *request) (*Lease, time.Durat
 // give-back looks, instead of after it. Best effort: if it fails, or the
 // abandoned attempt reaches the server later still, the TTL (or the intent's
 // lifetime) is the safety net.
-func (m *Manager) giveBack(ctx context.Context, req *request, intent string) {
-	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.releaseTimeout)
+func (m *Manager) giveBack(ctx context.Context, req *request) {
+	gctx, cancel := pooltx.CleanupContext(ctx, m.releaseTimeout)
 	defer cancel()
-	b := &pgx.Batch{}
-	b.Queue(m.q.lockResource, req.resource)
-	b.Queue(m.q.giveBack, req.resource, req.leaseID, intent, m.channel)
-	_ = m.pool.SendBatch(gctx, b).Close()
+	var intent any
+	if req.intent != "" {
+		intent = req.intent
+	}
+	_ = exec(gctx, m.pool, m.releaseTimeout, waitCtx, func(b *pgx.Batch) {
+		b.Queue(m.q.lockResource, req.resource)
+		b.Queue(m.q.giveBack, req.resource, req.leaseID, intent, m.channel)
+	})
 }

@@ -19,8 +19,9 @@ import "strings"
 //     with each other or with an acquisition.
 type managerSQL struct {
 	lockResource, acquire, renew, release, giveBack string
-	releaseAll, sweep, list                         string
-	schema                                          string
+	releaseAll, sweep, list, intents, upgrade       string
+	schema, upToDate                                string
+	upToDateArgs                                    []any
 }
 
 func newManagerSQL(r *strings.Replacer) managerSQL {
@@ -33,6 +34,8 @@ func newManagerSQL(r *strings.Replacer) managerSQL {
 		releaseAll:   r.Replace(releaseAllSQL),
 		sweep:        r.Replace(sweepSQL),
 		list:         r.Replace(listSQL),
+		intents:      r.Replace(intentsSQL),
+		upgrade:      r.Replace(upgradeSQL),
 		schema:       r.Replace(managerSchemaSQL),
 	}
 }
@@ -63,7 +66,14 @@ ON CONFLICT (resource) DO UPDATE SET fence = r.fence WHERE false`
 	//
 	// granted / waiting: exactly one of them updates the resource row. A
 	// grant bumps the fence (the new value is the token) and clears the
-	// intent if it is ours; a blocked writer that waits stores its intent.
+	// intent if it is ours, or any intent for an exclusive grant: the
+	// writers still waiting are shut out by this holder anyway. A blocked
+	// writer that waits stores its intent only while readers alone block it
+	// (writer preference), and withdraws it while a writer holds: so when a
+	// writer leaves, no intent is left over from its tenure, and the readers
+	// that waited through it compete for the next turn on equal terms with
+	// the next writer instead of being refused by its intent (readers would
+	// otherwise starve under a stream of writers).
 	//
 	// The final row always exists: token is NULL when not granted, and
 	// retry_after is the seconds until the earliest blocker expires.
@@ -78,25 +88,29 @@ WITH expired AS (
 	RETURNING token
 ),
 blockers AS (
-	SELECT b.expires_at AS until FROM {holders} b
+	SELECT b.expires_at AS until, b.mode AS kind FROM {holders} b
 	WHERE b.resource = $1
 	  AND b.token NOT IN (SELECT token FROM expired)
 	  AND ($2::text = 'exclusive' OR b.mode = 'exclusive')
 	UNION ALL
-	SELECT r.writer_intent_until FROM {resources} r
+	SELECT r.writer_intent_until, 'intent' FROM {resources} r
 	WHERE r.resource = $1 AND $2::text = 'shared' AND r.writer_intent_until > now()
 ),
 granted AS (
 	UPDATE {resources} r SET
 		fence = r.fence + 1,
-		writer_intent = CASE WHEN r.writer_intent = $7::text THEN NULL ELSE r.writer_intent END,
-		writer_intent_until = CASE WHEN r.writer_intent = $7::text THEN NULL ELSE r.writer_intent_until END
+		writer_intent = CASE WHEN $2::text = 'exclusive' OR r.writer_intent = $7::text THEN NULL ELSE r.writer_intent END,
+		writer_intent_until = CASE WHEN $2::text = 'exclusive' OR r.writer_intent = $7::text THEN NULL ELSE r.writer_intent_until END
 	WHERE r.resource = $1 AND NOT EXISTS (SELECT 1 FROM blockers)
 	RETURNING r.fence
 ),
 waiting AS (
-	UPDATE {resources} r SET writer_intent = $7::text, writer_intent_until = now() + $8::interval
+	UPDATE {resources} r SET
+		writer_intent = CASE WHEN w.by_writer THEN NULL ELSE $7::text END,
+		writer_intent_until = CASE WHEN w.by_writer THEN NULL ELSE now() + $8::interval END
+	FROM (SELECT bool_or(kind = 'exclusive') AS by_writer FROM blockers) w
 	WHERE r.resource = $1 AND $7::text IS NOT NULL AND EXISTS (SELECT 1 FROM blockers)
+	  AND (NOT w.by_writer OR r.writer_intent = $7::text)
 ),
 inserted AS (
 	INSERT INTO {holders} (resource, token, lease_id, owner, mode, acquired_at, expires_at, metadata)
@@ -109,16 +123,18 @@ FROM (VALUES (1)) AS one (x) LEFT JOIN inserted i ON true`
 
 	// Extends a live lease only. An expired one cannot be revived: someone
 	// may already have judged it expired and acted (see acquire).
+	// $5 is the mode the caller believes it holds: a Ref edited to claim
+	// another mode matches nothing.
 	renewSQL = `
 UPDATE {holders} SET expires_at = now() + $4::interval
-WHERE resource = $1 AND token = $2 AND lease_id = $3 AND expires_at > now()
+WHERE resource = $1 AND token = $2 AND lease_id = $3 AND mode = $5::text AND expires_at > now()
 RETURNING expires_at`
 
 	// Deletes the lease if it is still this acquisition's, expired or not,
 	// and wakes waiters. Returns the number of rows deleted (0 or 1).
 	releaseSQL = `
 WITH released AS (
-	DELETE FROM {holders} WHERE resource = $1 AND token = $2 AND lease_id = $3
+	DELETE FROM {holders} WHERE resource = $1 AND token = $2 AND lease_id = $3 AND mode = $5::text
 	RETURNING resource
 )
 SELECT count(*) FROM released, LATERAL pg_notify($4, md5(released.resource))`
@@ -172,4 +188,43 @@ WHERE ($1::text IS NULL OR resource = $1::text)
   AND ($2::text IS NULL OR owner = $2::text)
   AND ($3::bool OR expires_at > now())
 ORDER BY resource, token`
+
+	// Writer intents: one per resource at most. $1 resource filter, $2
+	// include intents past their lifetime (they block nobody).
+	intentsSQL = `
+SELECT resource, writer_intent_until, writer_intent_until <= now()
+FROM {resources}
+WHERE writer_intent IS NOT NULL
+  AND ($1::text IS NULL OR resource = $1::text)
+  AND ($2::bool OR writer_intent_until > now())
+ORDER BY resource`
+
+	// Upgrade, after lockResource: $1 resource, $2 token, $3 lease_id, $4
+	// ttl. Expired other holders are deleted as acquire does (FOR UPDATE
+	// re-checks them against concurrent renewals); every other row left
+	// blocks. The final row always exists: expires_at is NULL when refused,
+	// mine says whether this lease is still a live shared holder.
+	upgradeSQL = `
+WITH expired AS (
+	DELETE FROM {holders}
+	WHERE ctid = ANY (ARRAY(
+		SELECT ctid FROM {holders}
+		WHERE resource = $1 AND lease_id <> $3 AND expires_at <= now()
+		ORDER BY token
+		FOR UPDATE))
+	RETURNING token
+),
+mine AS (
+	SELECT 1 FROM {holders}
+	WHERE resource = $1 AND token = $2 AND lease_id = $3 AND mode = 'shared' AND expires_at > now()
+),
+upgraded AS (
+	UPDATE {holders} SET mode = 'exclusive', expires_at = now() + $4::interval
+	WHERE resource = $1 AND token = $2 AND lease_id = $3 AND EXISTS (SELECT 1 FROM mine)
+	  AND NOT EXISTS (
+		SELECT 1 FROM {holders} o
+		WHERE o.resource = $1 AND o.lease_id <> $3 AND o.token NOT IN (SELECT token FROM expired))
+	RETURNING expires_at
+)
+SELECT (SELECT expires_at FROM upgraded), EXISTS (SELECT 1 FROM mine)`
 )

@@ -101,11 +101,10 @@ func TestManagerBlockingAcquireWakesOnRelease(t *testing.T) {
 		got <- l
 		errc <- err
 	}()
-	// Wait until the waiter has registered its writer intent (database state), then release.
+	// Wait until the waiter listens (database state), then release. (A
+	// writer blocked by a writer stores no intent: see the package docs.)
 	resources := pgx.Identifier{schema, lease.DefaultTable + "_resources"}.Sanitize()
-	require.Eventually(t, func() bool {
-		return queryOne[bool](t, p1, "SELECT writer_intent IS NOT NULL FROM "+resources+" WHERE resource = 'r'")
-	}, 10*time.Second, 5*time.Millisecond)
+	waitForListener(t, p2, p1)
 	start := time.Now()
 	require.NoError(t, held.Release(ctx))
 	l := <-got

@@ -5,8 +5,13 @@ import (
 	"crypto/sha256"
 	_ "embed" // the manager schema
 	"encoding/binary"
+	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgxlock/pgxlock/pooltx"
 )
 
 //go:embed manager_schema.sql
@@ -23,22 +28,37 @@ var migrateLockKey = func() int64 {
 	return int64(binary.BigEndian.Uint64(sum[:8]))
 }()
 
-// Migrate creates the lock-manager tables and indexes if they do not exist,
-// in one transaction. It does not create the schema. It is idempotent and
-// safe to run concurrently from several processes. ctx governs the whole
-// transaction; on any error it rolls back.
+// MigrateLockTimeout bounds how long Migrate waits for a table lock when the
+// schema does need a change: CREATE INDEX takes a SHARE lock and ALTER TABLE
+// an ACCESS EXCLUSIVE one, and a migration queued behind a long transaction
+// would queue every lease statement behind itself. When it runs out, Migrate
+// fails with SQLSTATE 55P03 in the chain and changes nothing; run it again
+// when the transaction is gone.
+const MigrateLockTimeout = 5 * time.Second
+
+// Migrate creates the lock-manager tables and indexes if they do not exist.
+// It first reads the catalog, without locking anything: on an up-to-date
+// schema it returns there, so running it at every start-up never stops lease
+// traffic. Otherwise it runs the DDL in one transaction, serialised with
+// concurrent migrations, each table lock bounded by MigrateLockTimeout. It
+// does not create the schema. It is idempotent and safe to run concurrently
+// from several processes. ctx governs the whole call; on any error the
+// transaction rolls back.
 func (m *Manager) Migrate(ctx context.Context) error {
-	return opError("migrate", "", migrate(ctx, m.pool, m.q.schema))
+	return opError("migrate", "", migrate(ctx, m.pool, m.q.schema, m.q.upToDate, m.q.upToDateArgs...))
 }
 
 // Migrate adds the three lease columns to the configured table if they are
 // missing: locked-at timestamptz NULL, owner text NULL, fence bigint NOT NULL
-// DEFAULT 0. Adding columns with a constant default only changes the catalog
-// (PostgreSQL 11+), but ALTER TABLE still takes an ACCESS EXCLUSIVE lock on
-// the table for that moment, so run it with your other schema migrations;
-// or copy ColumnDDL into them instead. ctx governs the transaction.
+// DEFAULT 0. It first reads the catalog, without locking anything, and
+// returns at once if the three columns exist (whatever their types: a
+// timestamp locked-at column is fine, see ColumnConfig). Otherwise it runs
+// ALTER TABLE, which only changes the catalog (PostgreSQL 11+) but takes an
+// ACCESS EXCLUSIVE lock on the table for that moment, bounded by
+// MigrateLockTimeout; run it with your other schema migrations, or copy
+// ColumnDDL into them instead. ctx governs the whole call.
 func (c *Column) Migrate(ctx context.Context) error {
-	return opError("migrate", "", migrate(ctx, c.pool, c.migrateSQL))
+	return opError("migrate", "", migrate(ctx, c.pool, c.migrateSQL, columnsExistSQL, c.table, c.columns))
 }
 
 // ColumnDDL returns the ALTER TABLE statement Migrate runs, for use in your
@@ -50,13 +70,40 @@ const columnMigrateSQL = `ALTER TABLE {t}
 	ADD COLUMN IF NOT EXISTS {by} text,
 	ADD COLUMN IF NOT EXISTS {fence} bigint NOT NULL DEFAULT 0`
 
-type beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
+// The catalog checks. to_regclass takes no lock and resolves a quoted,
+// optionally qualified name as the statements will (search_path included).
+const (
+	// $1 qualified table, $2 column names.
+	columnsExistSQL = `
+SELECT count(*) = cardinality($2::text[]) FROM pg_attribute
+WHERE attrelid = to_regclass($1) AND attname = ANY ($2::text[]) AND attnum > 0 AND NOT attisdropped`
 
-func migrate(ctx context.Context, db beginner, ddl string) error {
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
+	// $1..$4 qualified names of the relations the manager schema creates.
+	relationsExistSQL = `
+SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
+	AND to_regclass($3) IS NOT NULL AND to_regclass($4) IS NOT NULL`
+)
+
+func migrate(ctx context.Context, pool *pgxpool.Pool, ddl, check string, args ...any) error {
+	upToDate := func(q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) (bool, error) {
+		var ok bool
+		err := q.QueryRow(ctx, check, args...).Scan(&ok)
+		return ok, err
+	}
+	if ok, err := upToDate(pool); err != nil || ok {
+		return err
+	}
+	return pooltx.WithTx(ctx, pool, &pooltx.TxOptions{
+		Tx: pgx.TxOptions{IsoLevel: pgx.ReadCommitted},
+		Preamble: func(b *pgx.Batch) {
+			b.Queue("SELECT pg_advisory_xact_lock($1)", migrateLockKey)
+			b.Queue(fmt.Sprintf("SELECT set_config('lock_timeout', '%dms', true)", MigrateLockTimeout.Milliseconds()))
+		},
+	}, func(ctx context.Context, tx pgx.Tx) error {
+		// A concurrent migration may have done the work while we waited.
+		if ok, err := upToDate(tx); err != nil || ok {
 			return err
 		}
 		// No arguments: pgx sends this through the simple protocol, which

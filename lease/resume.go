@@ -1,7 +1,10 @@
 package lease
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -12,48 +15,109 @@ import (
 // exported so it can be stored (JSON, a session, a hidden form field).
 // Possession of a Ref is what allows a renewal or release: treat it as a
 // secret of the holder, like a session cookie.
+//
+// A Ref kept by a client is client input, so nothing in it can widen the
+// lease: Resume takes the TTL from the Manager, not from the Ref, and a Ref
+// whose Mode, Token or ID was edited matches no row (Renew and Release then
+// report ErrLeaseLost).
 type Ref struct {
-	Resource string        `json:"resource"`
-	ID       string        `json:"id"`    // the acquisition's random id
-	Token    int64         `json:"token"` // the fencing token
-	Mode     Mode          `json:"mode"`
-	TTL      time.Duration `json:"ttl"`
+	Resource string `json:"resource"`
+	ID       string `json:"id"`    // the acquisition's random id
+	Token    int64  `json:"token"` // the fencing token
+	Mode     Mode   `json:"mode"`
+	// TTL is the acquisition's TTL, for information only: Resume ignores it.
+	TTL time.Duration `json:"ttl"`
 }
 
 // Ref returns the reference of this acquisition.
 func (l *Lease) Ref() Ref {
-	return Ref{Resource: l.resource, ID: l.id, Token: l.token, Mode: l.mode, TTL: l.ttl}
+	return Ref{Resource: l.resource, ID: l.id, Token: l.token, Mode: l.Mode(), TTL: l.ttl}
 }
 
 // Resume rebuilds a Lease from a Ref, for Renew and Release. It sends
 // nothing: a Ref of a lease that has since expired, been released or taken
 // over is only found out by the first Renew or Release (ErrLeaseLost).
-// Owner, AcquiredAt and ExpiresAt of a resumed lease are unknown (empty)
-// until a successful Renew sets ExpiresAt. It returns ErrInvalid for a Ref
-// with no resource, id or TTL.
+// The resumed lease renews for the Manager's TTL (ManagerConfig.TTL), never
+// for the Ref's: a lease acquired with a longer per-call TTL is renewed for
+// the shorter one once resumed (use a Manager configured with that TTL to
+// keep it). Owner, AcquiredAt and ExpiresAt of a resumed lease are unknown
+// (empty) until a successful Renew sets ExpiresAt. It returns ErrInvalid for
+// a Ref with no resource or id, an invalid resource, or an unknown mode.
 func (m *Manager) Resume(ref Ref) (*Lease, error) {
-	if ref.Resource == "" || ref.ID == "" || ref.TTL <= 0 {
-		return nil, opError("resume", ref.Resource, fmt.Errorf("%w: incomplete Ref", ErrInvalid))
+	const op = "resume"
+	if ref.Resource == "" || ref.ID == "" {
+		return nil, opError(op, ref.Resource, fmt.Errorf("%w: incomplete Ref", ErrInvalid))
 	}
-	return &Lease{m: m, id: ref.ID, resource: ref.Resource, mode: ref.Mode, token: ref.Token, ttl: ref.TTL}, nil
+	if err := checkText("resource", ref.Resource, MaxResourceLen); err != nil {
+		return nil, opError(op, ref.Resource, err)
+	}
+	if err := checkText("lease id", ref.ID, MaxResourceLen); err != nil {
+		return nil, opError(op, ref.Resource, err)
+	}
+	if ref.Mode != Exclusive && ref.Mode != Shared {
+		return nil, opError(op, ref.Resource, fmt.Errorf("%w: unknown mode %v", ErrInvalid, ref.Mode))
+	}
+	return &Lease{m: m, id: ref.ID, resource: ref.Resource, mode: ref.Mode, token: ref.Token, ttl: m.ttl}, nil
 }
 
 // ColumnRef identifies a column-lease acquisition across processes, as Ref
-// does for the lock-manager table.
+// does for the lock-manager table. It survives encoding/json when the row id
+// is an integer (up to int64, decoded as int64, never as float64) or a string
+// (a uuid in its text form is a string); other id types are refused by
+// UnmarshalJSON.
 type ColumnRef struct {
 	ID    any    `json:"id"`    // the row id
 	Owner string `json:"owner"` // the acquisition's random owner token
 	Token int64  `json:"token"` // the fencing token
 }
 
+// UnmarshalJSON decodes a ColumnRef, reading a numeric id as an int64 (an
+// id that is not an integer in int64's range is an error wrapping
+// ErrInvalid) and a string id as a string.
+func (r *ColumnRef) UnmarshalJSON(data []byte) error {
+	var raw struct {
+		ID    json.RawMessage `json:"id"`
+		Owner string          `json:"owner"`
+		Token int64           `json:"token"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return err
+	}
+	var id any
+	if len(raw.ID) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(raw.ID))
+		dec.UseNumber()
+		if err := dec.Decode(&id); err != nil {
+			return err
+		}
+	}
+	switch v := id.(type) {
+	case nil, string:
+	case json.Number:
+		n, err := strconv.ParseInt(v.String(), 10, 64)
+		if err != nil {
+			return fmt.Errorf("%w: ColumnRef id %s is not an int64", ErrInvalid, clip(v.String()))
+		}
+		id = n
+	default:
+		return fmt.Errorf("%w: ColumnRef id must be a JSON integer or string, got %T", ErrInvalid, v)
+	}
+	*r = ColumnRef{ID: id, Owner: raw.Owner, Token: raw.Token}
+	return nil
+}
+
 // Ref returns the reference of this acquisition.
 func (l *ColumnLease) Ref() ColumnRef { return ColumnRef{ID: l.id, Owner: l.owner, Token: l.token} }
 
 // Resume rebuilds a ColumnLease from a ColumnRef, for Renew and Release. It
-// sends nothing; see Manager.Resume.
+// sends nothing; see Manager.Resume. It returns ErrInvalid for a Ref with no
+// owner or an id TryAcquire would refuse.
 func (c *Column) Resume(ref ColumnRef) (*ColumnLease, error) {
-	if ref.ID == nil || ref.Owner == "" {
-		return nil, opError("resume", fmt.Sprint(ref.ID), fmt.Errorf("%w: incomplete ColumnRef", ErrInvalid))
+	if err := checkID(ref.ID); err != nil {
+		return nil, opError("resume", resourceOf(ref.ID), err)
+	}
+	if ref.Owner == "" {
+		return nil, opError("resume", resourceOf(ref.ID), fmt.Errorf("%w: incomplete ColumnRef", ErrInvalid))
 	}
 	return &ColumnLease{c: c, id: ref.ID, owner: ref.Owner, token: ref.Token}, nil
 }

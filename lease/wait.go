@@ -8,7 +8,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgxlock/pgxlock/pooltx"
 )
 
 // Acquire waits until the lease can be had, or ctx ends.
@@ -17,18 +20,21 @@ import (
 // NOTIFY channel and tries again whenever a release, give-back or sweep of
 // this resource is notified, and otherwise after a jittered PollInterval
 // (or sooner, when the database says the blocking lease expires sooner: a
-// lease that expires sends no notification). A blocked Exclusive request
-// registers a writer intent that keeps new Shared acquisitions out until it
-// is granted or abandoned (see the package docs). All waiting Acquire calls
-// of one Manager share one pooled connection for LISTEN; attempts borrow a
-// connection only for their one round trip.
+// lease that expires sends no notification). An Exclusive request blocked by
+// readers registers a writer intent that keeps new Shared acquisitions out
+// until it is granted or abandoned (see the package docs). All waiting Acquire calls
+// of one Manager share one dedicated LISTEN connection (not from the pool);
+// attempts borrow a pooled connection only for their one round trip, so a
+// pool of one connection is enough.
 //
-// ctx governs the whole wait. When it ends, Acquire clears its intent (under a
-// fresh bounded context) and returns an error wrapping both ErrNotAcquired and
-// context.Cause(ctx). An attempt that succeeds as ctx ends still returns the
-// lease: success means held. An attempt whose outcome is unknown is given
-// back as in TryAcquire. Other errors (ErrInvalid, a database error) end the
-// wait.
+// ctx governs the whole wait. When it ends, Acquire returns an error
+// wrapping both ErrNotAcquired and context.Cause(ctx). An attempt that
+// succeeds as ctx ends still returns the lease: success means held. On the
+// way out, the clean-up (clearing its writer intent, giving back an attempt
+// whose outcome is unknown, closing the LISTEN connection if it was the last
+// waiter) runs concurrently under fresh contexts, each bounded by
+// ReleaseTimeout: Acquire returns within ctx's deadline plus one
+// ReleaseTimeout. Other errors (ErrInvalid, a database error) end the wait.
 func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOptions) (*Lease, error) {
 	req, err := m.newRequest("acquire", resource, opts)
 	if err != nil {
@@ -40,13 +46,17 @@ func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOpt
 	// Fast path: no subscription, no intent.
 	l, _, err := m.attempt(ctx, req)
 	if !errors.Is(err, ErrNotAcquired) {
+		if outcomeUnknown(err) {
+			m.giveBack(ctx, req)
+		}
+		if err != nil && ctx.Err() != nil { // the failure is the cancellation's doing
+			err = opError(req.op, resource, errors.Join(ErrNotAcquired, context.Cause(ctx)))
+		}
 		return l, err
 	}
 	// Subscribe, then attempt again before the first wait: a release that
 	// committed between the fast path and the subscription notified nobody.
 	sub := m.lis.subscribe(wakeKey(resource), req.mode == Exclusive)
-	granted := false
-	defer func() { sub.close(granted) }()
 	if req.mode == Exclusive {
 		req.intent = newID()
 	}
@@ -55,10 +65,10 @@ func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOpt
 		l, hint, err = m.attempt(ctx, req)
 		switch {
 		case err == nil:
-			granted = true
+			sub.close(true)
 			return l, nil
 		case !errors.Is(err, ErrNotAcquired):
-			m.abandon(ctx, req)
+			m.leave(ctx, req, sub, outcomeUnknown(err))
 			if ctx.Err() != nil { // the failure is the cancellation's doing
 				err = opError(req.op, resource, errors.Join(ErrNotAcquired, context.Cause(ctx)))
 			}
@@ -72,19 +82,26 @@ func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOpt
 		}
 		timer.Stop()
 		if ctx.Err() != nil {
-			m.abandon(ctx, req)
+			m.leave(ctx, req, sub, false)
 			return nil, opError(req.op, resource, errors.Join(ErrNotAcquired, context.Cause(ctx)))
 		}
 	}
 }
 
-// abandon clears the writer intent of a wait that is giving up, so readers
-// need not wait for it to lapse. An attempt with an unknown outcome was
-// already given back by attempt.
-func (m *Manager) abandon(ctx context.Context, req *request) {
-	if req.intent != "" {
-		m.giveBack(ctx, req, req.intent)
+// leave ends a wait that gives up: it gives back what the request may hold
+// in the database (its writer intent, so readers need not wait for it to
+// lapse, and the lease of a last attempt whose outcome is unknown) while, at
+// the same time, closing the subscription (which may close the LISTEN
+// connection). Each is bounded by ReleaseTimeout; they are not summed.
+func (m *Manager) leave(ctx context.Context, req *request, sub *subscription, unknown bool) {
+	if req.intent == "" && !unknown {
+		sub.close(false)
+		return
 	}
+	var wg sync.WaitGroup
+	wg.Go(func() { sub.close(false) })
+	m.giveBack(ctx, req)
+	wg.Wait()
 }
 
 // pollDelay picks the next wait: uniform in [poll/2, poll], or just after the
@@ -103,6 +120,14 @@ func (m *Manager) pollDelay(hint time.Duration) time.Duration {
 // of a Manager. Its goroutine runs only while at least one subscription is
 // open; the subscriber that closes the last subscription stops it and waits
 // for it to finish, so no goroutine outlives the Acquire calls that needed it.
+//
+// The LISTEN connection is a dedicated pgx.Conn opened from the pool's
+// connection config (host, TLS, credentials, runtime parameters; the pool's
+// BeforeConnect and AfterConnect hooks are not run), never a pooled one: so
+// waiting never takes a connection from the attempts and releases it serves
+// (a pool of one connection works), and no connection that has run LISTEN
+// ever goes back to the pool. It is closed when the last waiter leaves,
+// bounded by the cleanup timeout.
 //
 // Wake-up policy for a notification about a resource: every Shared waiter of
 // this process is woken (readers can all get in), but only the longest
@@ -165,7 +190,7 @@ func (l *listener) subscribe(key string, exclusive bool) *subscription {
 // close ends the subscription. A writer that leaves without the lease wakes
 // the next writer in line, since it may have consumed the wake-up meant for
 // the queue. The last one out stops the goroutine and waits for it (at most
-// the cleanup timeout: UNLISTEN and returning the connection).
+// the cleanup timeout: closing the LISTEN connection).
 func (s *subscription) close(granted bool) {
 	l := s.l
 	l.mu.Lock()
@@ -235,44 +260,26 @@ func (l *listener) run(ctx context.Context, done chan struct{}) {
 	}
 }
 
-// listen holds one connection in LISTEN until ctx ends or the connection fails.
-// On the way out the connection is returned clean (UNLISTEN *, no buffered
-// notifications) or, if that cannot be ensured, closed so the pool drops it.
+// listen holds a dedicated connection in LISTEN until ctx ends or the
+// connection fails, then closes it (bounded by the cleanup timeout): the
+// connection is not pooled, so closing it is all the clean-up there is.
 func (l *listener) listen(ctx context.Context) error {
-	conn, err := l.pool.Acquire(ctx)
+	conn, err := pgx.ConnectConfig(ctx, l.pool.Config().ConnConfig)
 	if err != nil {
 		return err
 	}
-	clean := false
 	defer func() {
-		if !clean {
-			cctx, cancel := context.WithTimeout(context.Background(), l.cleanup)
-			_ = conn.Conn().Close(cctx)
-			cancel()
-		}
-		conn.Release() // a closed connection is destroyed, not pooled
+		cctx, cancel := pooltx.CleanupContext(ctx, l.cleanup)
+		_ = conn.Close(cctx)
+		cancel()
 	}()
 	if _, err := conn.Exec(ctx, "LISTEN "+quote(l.channel)); err != nil {
 		return err
 	}
 	l.wakeAll()
 	for {
-		n, err := conn.Conn().WaitForNotification(ctx)
+		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			if ctx.Err() == nil || conn.Conn().IsClosed() {
-				return err
-			}
-			// Stopped by the last subscriber: WaitForNotification returns on
-			// cancellation with the connection intact. Undo LISTEN, then drop
-			// notifications pgx buffered so the next borrower sees none.
-			cctx, cancel := context.WithTimeout(context.Background(), l.cleanup)
-			_, uerr := conn.Exec(cctx, "UNLISTEN *")
-			cancel()
-			if uerr == nil {
-				for n, _ := conn.Conn().WaitForNotification(ctx); n != nil; n, _ = conn.Conn().WaitForNotification(ctx) {
-				}
-				clean = true
-			}
 			return err
 		}
 		l.wake(n.Payload)

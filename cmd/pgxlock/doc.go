@@ -177,7 +177,10 @@
 // with, per lease: resource, mode ("exclusive" or "shared"), owner, token (the
 // fencing token), acquired_at, expires_at, expired (bool),
 // expires_in_seconds (negative once expired) and metadata (the stored JSON,
-// or null). Field names are stable, as for locks.
+// or null); and writer_intents, one per writer waiting for a resource (new
+// shared leases of it are refused meanwhile): resource, until, expired (bool:
+// lapsed, blocks nobody) and until_in_seconds. The text form lists waiting
+// writers above the leases. Field names are stable, as for locks.
 //
 // # Exit codes
 //

@@ -72,15 +72,20 @@ func cmdLeases(ctx context.Context, args []string, s stdio, e env) int {
 		fmt.Fprintf(s.Err, "pgxlock leases: %v%s\n", err, missingTableHint(err, table))
 		return exitUnavailable
 	}
+	intents, err := m.ListIntents(ctx, &lease.ListOptions{Resource: resource, IncludeExpired: true})
+	if err != nil {
+		fmt.Fprintf(s.Err, "pgxlock leases: %v\n", err)
+		return exitUnavailable
+	}
 	var now time.Time
 	if err := pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&now); err != nil {
 		fmt.Fprintf(s.Err, "pgxlock leases: read the server clock: %v\n", err)
 		return exitUnavailable
 	}
 	if asJSON {
-		err = writeLeasesJSON(s.Out, table, now, holders)
+		err = writeLeasesJSON(s.Out, table, now, holders, intents)
 	} else {
-		err = writeLeasesText(s.Out, now, holders)
+		err = writeLeasesText(s.Out, now, holders, intents)
 	}
 	if err != nil {
 		fmt.Fprintf(s.Err, "pgxlock leases: %v\n", err)
@@ -124,7 +129,10 @@ func missingTableHint(err error, table string) string {
 const leasesFootnote = `STATE: live, or expired (past expires_at by the server's clock and not yet removed; the next
 acquirer or a sweep removes it, and it blocks nobody).`
 
-func writeLeasesText(w io.Writer, now time.Time, holders []lease.Holder) error {
+func writeLeasesText(w io.Writer, now time.Time, holders []lease.Holder, intents []lease.Intent) error {
+	if err := writeIntentsText(w, now, intents); err != nil {
+		return err
+	}
 	if len(holders) == 0 {
 		_, err := fmt.Fprintln(w, "no leases")
 		return err
@@ -152,6 +160,28 @@ func writeLeasesText(w io.Writer, now time.Time, holders []lease.Holder) error {
 	return err
 }
 
+// writeIntentsText lists waiting writers first: while one waits, new readers
+// of its resource are refused, which the holder table alone does not show.
+func writeIntentsText(w io.Writer, now time.Time, intents []lease.Intent) error {
+	if len(intents) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "WAITING WRITER FOR\tSTATE\tUNTIL")
+	for _, in := range intents {
+		state, until := "waiting", "in "+fmtDuration(in.Until.Sub(now))
+		if in.Expired {
+			state, until = "lapsed", fmtDuration(nonNegative(now.Sub(in.Until)))+" ago"
+		}
+		fmt.Fprintln(tw, strings.Join([]string{quoteCell(in.Resource, 60), state, until}, "\t"))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w, "(new shared leases of these resources are refused while a writer waits)")
+	return err
+}
+
 // quoteCell shows a user-chosen name in one table cell: as is when it is
 // plain, quoted (Go syntax) when it holds spaces or control characters, cut
 // to limit runes.
@@ -168,9 +198,17 @@ func quoteCell(s string, limit int) string {
 // leasesJSON is the --json document of `leases`; its field names are part
 // of the CLI's interface (documented in doc.go).
 type leasesJSON struct {
-	At     time.Time   `json:"at"`    // server clock when listed
-	Table  string      `json:"table"` // as given to --table
-	Leases []leaseJSON `json:"leases"`
+	At      time.Time    `json:"at"`    // server clock when listed
+	Table   string       `json:"table"` // as given to --table
+	Leases  []leaseJSON  `json:"leases"`
+	Intents []intentJSON `json:"writer_intents"` // waiting writers
+}
+
+type intentJSON struct {
+	Resource       string    `json:"resource"`
+	Until          time.Time `json:"until"`
+	Expired        bool      `json:"expired"`          // lapsed: blocks nobody
+	UntilInSeconds float64   `json:"until_in_seconds"` // negative once lapsed
 }
 
 type leaseJSON struct {
@@ -185,8 +223,12 @@ type leaseJSON struct {
 	Metadata         json.RawMessage `json:"metadata"`           // as stored; null if none
 }
 
-func writeLeasesJSON(w io.Writer, table string, now time.Time, holders []lease.Holder) error {
-	doc := leasesJSON{At: now, Table: table, Leases: []leaseJSON{}}
+func writeLeasesJSON(w io.Writer, table string, now time.Time, holders []lease.Holder, intents []lease.Intent) error {
+	doc := leasesJSON{At: now, Table: table, Leases: []leaseJSON{}, Intents: []intentJSON{}}
+	for _, in := range intents {
+		doc.Intents = append(doc.Intents, intentJSON{Resource: in.Resource, Until: in.Until, Expired: in.Expired,
+			UntilInSeconds: float64(in.Until.Sub(now).Milliseconds()) / 1000})
+	}
 	for _, h := range holders {
 		meta := h.Metadata
 		if meta == nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -25,7 +26,7 @@ func TestLeasesListsLiveAndExpired(t *testing.T) {
 	live, err := m.TryAcquire(ctxT(t), "jobs/nightly report", &lease.AcquireOptions{Metadata: json.RawMessage(`{"host":"a"}`)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = live.Release(ctxT(t)) })
-	_, err = m.TryAcquire(ctxT(t), "jobs/expired", &lease.AcquireOptions{TTL: time.Millisecond, Mode: lease.Shared})
+	_, err = m.TryAcquire(ctxT(t), "jobs/expired", &lease.AcquireOptions{TTL: lease.MinTTL, Mode: lease.Shared})
 	require.NoError(t, err)
 	waitFor(t, waitTimeout, "the short lease to expire", func() bool {
 		hs, err := m.List(ctxT(t), &lease.ListOptions{Resource: "jobs/expired", IncludeExpired: true})
@@ -86,4 +87,44 @@ func TestLeasesNotALeaseTable(t *testing.T) {
 	code, _, stderr := runCLI(t, nil, "leases", "--table", schema+".accounts")
 	assert.Equal(t, exitUnavailable, code)
 	assert.Contains(t, stderr, `"`+schema+`.accounts" is not a pgxlock lease table`)
+}
+
+// `leases` shows writers waiting for a resource: while one waits, new
+// readers are refused although no exclusive holder is listed.
+func TestLeasesShowsWaitingWriters(t *testing.T) {
+	pool := pgtest.Pool(t)
+	schema := pgtest.Schema(t, pool)
+	m, err := lease.NewManager(pool, lease.ManagerConfig{Schema: schema, TTL: time.Minute, PollInterval: time.Hour})
+	require.NoError(t, err)
+	require.NoError(t, m.Migrate(ctxT(t)))
+	reader, err := m.TryAcquire(ctxT(t), "doc", &lease.AcquireOptions{Mode: lease.Shared})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = reader.Release(ctxT(t)) })
+	wctx, cancel := context.WithCancel(ctxT(t))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = m.Acquire(wctx, "doc", nil)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, waitTimeout, "the writer's intent", func() bool {
+		in, err := m.ListIntents(ctxT(t), nil)
+		require.NoError(t, err)
+		return len(in) == 1
+	})
+
+	table := schema + "." + lease.DefaultTable
+	code, out, stderr := runCLI(t, nil, "leases", "--table", table, "--json")
+	require.Equal(t, 0, code, stderr)
+	var doc leasesJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &doc), out)
+	require.Len(t, doc.Intents, 1, out)
+	assert.Equal(t, "doc", doc.Intents[0].Resource)
+	assert.False(t, doc.Intents[0].Expired)
+	assert.Greater(t, doc.Intents[0].UntilInSeconds, 0.0)
+
+	code, out, stderr = runCLI(t, nil, "leases", "--table", table)
+	require.Equal(t, 0, code, stderr)
+	assert.Regexp(t, `WAITING WRITER FOR\s+STATE`, out)
+	assert.Regexp(t, `doc\s+waiting\s+in `, out)
 }

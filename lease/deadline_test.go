@@ -1,0 +1,228 @@
+package lease_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/lease"
+)
+
+// waitForListener waits (bounded) until a backend of pool's application is
+// in LISTEN: a waiter has subscribed.
+func waitForListener(t *testing.T, pool *pgxpool.Pool, observer *pgxpool.Pool) {
+	t.Helper()
+	app := pool.Config().ConnConfig.RuntimeParams["application_name"]
+	require.Eventually(t, func() bool {
+		return queryOne[int](t, observer, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND query LIKE 'LISTEN %'`, app) > 0
+	}, 20*time.Second, 5*time.Millisecond, "no waiter started listening")
+}
+
+// Issue 11 item 3: with a pool of one connection, the shared LISTEN
+// connection took it, so the holder's Release (same pool) and the waiter's
+// own attempts both blocked. The listener must never starve the calls it
+// serves, whatever the pool size.
+func TestPoolOfOneListenerDoesNotStarveCalls(t *testing.T) {
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	pool := pgtest.NewPool(t, cfg)
+	observer := pgtest.Pool(t)
+	schema := pgtest.Schema(t, observer)
+	ctx := testCtx(t)
+	m := newManager(t, pool, schema, lease.ManagerConfig{TTL: time.Minute, PollInterval: time.Hour})
+
+	held, err := m.TryAcquire(ctx, "r", nil)
+	require.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		l, err := m.Acquire(ctx, "r", nil)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	waitForListener(t, pool, observer)
+
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, held.Release(rctx), "the holder's release gets the pool's one connection")
+	select {
+	case err := <-got:
+		require.NoError(t, err, "the waiter is woken and acquires")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiter never acquired")
+	}
+	assert.Zero(t, pool.Stat().AcquiredConns())
+	assertNoListeners(t, pool)
+}
+
+// Issue 11 item 3: a try never waits on a row lock longer than
+// TryLockTimeout. An unrelated transaction that updated the leased row (or
+// locked the resource's counter row) and has not committed makes the try
+// report busy, while that transaction is still open.
+func TestTryDoesNotWaitBehindUnrelatedTransaction(t *testing.T) {
+	p1, p2, schema := twoPools(t)
+	ctx := testCtx(t)
+	col := usersTable(t, p1, schema, time.Minute, 1)
+	m := newManager(t, p1, schema, lease.ManagerConfig{TTL: time.Minute})
+	l, err := m.TryAcquire(ctx, "r", nil) // creates the resource's counter row
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+
+	for name, lockSQL := range map[string]string{
+		"column":  "UPDATE " + pgx.Identifier{schema, "users"}.Sanitize() + " SET auth_id = 'x' WHERE id = 1",
+		"manager": "SELECT 1 FROM " + pgx.Identifier{schema, lease.DefaultTable + "_resources"}.Sanitize() + " WHERE resource = 'r' FOR UPDATE",
+	} {
+		t.Run(name, func(t *testing.T) {
+			tx, err := p2.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(context.WithoutCancel(ctx))
+			_, err = tx.Exec(ctx, lockSQL)
+			require.NoError(t, err)
+
+			tctx, cancel := context.WithTimeout(ctx, 5*time.Second) // far above TryLockTimeout
+			defer cancel()
+			if name == "column" {
+				_, err = col.TryAcquire(tctx, int64(1))
+			} else {
+				_, err = m.TryAcquire(tctx, "r", nil)
+			}
+			require.ErrorIs(t, err, lease.ErrNotAcquired, "busy, not a timeout of the caller's context")
+			require.NoError(t, tctx.Err(), "the try returned before its context ended")
+			var one int
+			require.NoError(t, tx.QueryRow(ctx, "SELECT 1").Scan(&one), "the other transaction is still open")
+		})
+	}
+}
+
+// Issue 11 item 3: through a frozen network, an Acquire with a 1s context
+// returned after 16s (give-back, UNLISTEN and close, each bounded by
+// ReleaseTimeout, in series). It must return within its deadline plus one
+// ReleaseTimeout.
+func TestAcquireDeadlineThroughFrozenNetwork(t *testing.T) {
+	const deadline, releaseTimeout = time.Second, 2 * time.Second
+	p1, _, schema := twoPools(t)
+	ctx := testCtx(t)
+	holder := newManager(t, p1, schema, lease.ManagerConfig{TTL: time.Minute})
+	held, err := holder.TryAcquire(ctx, "r", nil)
+	require.NoError(t, err)
+	defer held.Release(context.WithoutCancel(ctx))
+
+	proxy := newFreezeProxy(t, p1.Config().ConnConfig.Host, p1.Config().ConnConfig.Port)
+	cfg := pgtest.Config(t)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = proxy.host, proxy.port
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	via := pgtest.NewPool(t, cfg)
+	t.Cleanup(func() { proxy.frozen.Store(false) }) // runs before the pool's checks
+	m, err := lease.NewManager(via, lease.ManagerConfig{Schema: schema, TTL: time.Minute,
+		PollInterval: 200 * time.Millisecond, ReleaseTimeout: releaseTimeout})
+	require.NoError(t, err)
+
+	start := time.Now()
+	actx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		_, err := m.Acquire(actx, "r", nil)
+		got <- err
+	}()
+	waitForListener(t, via, p1)
+	proxy.frozen.Store(true)
+	var aerr error
+	select {
+	case aerr = <-got:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Acquire did not return")
+	}
+	took := time.Since(start)
+	t.Logf("Acquire returned after %v: %v", took, aerr)
+	require.ErrorIs(t, aerr, lease.ErrNotAcquired)
+	require.ErrorIs(t, aerr, context.DeadlineExceeded)
+	// The bound is deadline + one ReleaseTimeout; the slack is for a loaded
+	// machine, and is below the second ReleaseTimeout a serial clean-up adds.
+	assert.Less(t, took, deadline+releaseTimeout+releaseTimeout*3/4)
+}
+
+// freezeProxy forwards TCP connections to PostgreSQL until frozen is set;
+// from then on it drops every byte in both directions and forwards no new
+// connection, keeping sockets open: a silent partition.
+type freezeProxy struct {
+	host   string
+	port   uint16
+	frozen atomic.Bool
+}
+
+func newFreezeProxy(t *testing.T, host string, port uint16) *freezeProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &freezeProxy{host: "127.0.0.1", port: uint16(ln.Addr().(*net.TCPAddr).Port)}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var open []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range open {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	target := net.JoinHostPort(host, strconv.Itoa(int(port)))
+	pipe := func(dst, src net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 && !p.frozen.Load() {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				if !p.frozen.Load() {
+					dst.Close()
+				}
+				return
+			}
+		}
+	}
+	wg.Go(func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			open = append(open, client)
+			mu.Unlock()
+			if p.frozen.Load() {
+				wg.Go(func() { _, _ = io.Copy(io.Discard, client) })
+				continue
+			}
+			server, err := net.DialTimeout("tcp", target, 10*time.Second)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			mu.Lock()
+			open = append(open, server)
+			mu.Unlock()
+			wg.Go(func() { pipe(server, client) })
+			wg.Go(func() { pipe(client, server) })
+		}
+	})
+	return p
+}

@@ -1,0 +1,114 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgxlock/pgxlock/pooltx"
+)
+
+// TryLockTimeout bounds how long a non-blocking call (TryAcquire, TryDo, and
+// each attempt of a blocking Manager.Acquire) waits for a row lock held by
+// someone else, such as an unrelated transaction that updated the leased row
+// or the resource's counter row and has not committed. When it runs out the
+// call reports the lease as busy (ErrNotAcquired, with the server's 55P03
+// error in the chain) instead of waiting for that transaction.
+const TryLockTimeout = 100 * time.Millisecond
+
+// The statements that frame every lease statement (see exec). They are
+// constants: nothing the caller passes reaches them.
+const (
+	// READ COMMITTED whatever default_transaction_isolation says: the
+	// compare-and-swap statements rely on a blocked UPDATE re-checking its
+	// WHERE clause against the row that committed (EvalPlanQual), which
+	// REPEATABLE READ and SERIALIZABLE replace by a serialization failure
+	// (40001). READ WRITE whatever default_transaction_read_only says.
+	beginSQL = "BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE"
+	// TimeZone UTC for the transaction only: a column lease's locked-at
+	// column may be a timestamp without time zone, into which now() is
+	// written, and against which now() is compared, in the session's
+	// TimeZone. UTC for everyone makes every session agree; timestamptz
+	// columns are unaffected.
+	frameSQL  = "SELECT set_config('TimeZone', 'UTC', true)"
+	commitSQL = "COMMIT"
+)
+
+// frameTrySQL is frameSQL plus lock_timeout = TryLockTimeout.
+var frameTrySQL = fmt.Sprintf("SELECT set_config('TimeZone', 'UTC', true), set_config('lock_timeout', '%dms', true)",
+	TryLockTimeout.Milliseconds())
+
+// wait is how long a lease statement may wait for a row lock.
+type wait bool
+
+const (
+	waitCtx wait = false // as long as ctx allows (and the session's lock_timeout)
+	waitTry wait = true  // TryLockTimeout, then 55P03
+)
+
+// exec runs the statements queue adds as one transaction, in one round trip:
+//
+//	BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE; <frame>; <statements>; COMMIT
+//
+// on a connection pinned through pooltx. The frame's settings are
+// transaction-local (set_config(..., true)), so nothing is left on the
+// connection when the transaction ends. ctx governs acquiring the connection
+// and the round trip. If a statement fails, the server skips the rest and
+// the transaction is left aborted: exec rolls it back under a fresh context
+// bounded by cleanup, or destroys the connection if that fails; a connection
+// in any doubt is destroyed by pooltx, never pooled.
+//
+// The error is the first statement's error or a result handler's. A
+// connection that could not be acquired means nothing was sent (see
+// outcomeUnknown).
+func exec(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration, w wait, queue func(b *pgx.Batch)) error {
+	c, err := pooltx.Acquire(ctx, pool, &pooltx.ConnOptions{CleanupTimeout: cleanup})
+	if err != nil {
+		return errNothingSent{err}
+	}
+	defer c.Release()
+	b := &pgx.Batch{}
+	b.Queue(beginSQL)
+	if w == waitTry {
+		b.Queue(frameTrySQL)
+	} else {
+		b.Queue(frameSQL)
+	}
+	queue(b)
+	b.Queue(commitSQL)
+	err = c.Conn().SendBatch(ctx, b).Close()
+	pg := c.Conn().PgConn()
+	if pg.IsClosed() || pg.TxStatus() == 'I' {
+		return err // a closed connection is destroyed by Release
+	}
+	// Aborted (or, after a handler error, still open): roll back here rather
+	// than make the pool destroy a healthy connection.
+	rctx, cancel := pooltx.CleanupContext(ctx, cleanup)
+	defer cancel()
+	if _, rerr := c.Conn().Exec(rctx, "ROLLBACK"); rerr != nil || pg.TxStatus() != 'I' {
+		c.MarkDirty(rerr)
+	}
+	if err == nil {
+		err = errors.New("lease: transaction left open")
+	}
+	return err
+}
+
+// errNothingSent marks an error that occurred before anything was sent (no
+// connection could be had), so that the outcome is known: nothing happened.
+type errNothingSent struct{ err error }
+
+func (e errNothingSent) Error() string     { return e.err.Error() }
+func (e errNothingSent) Unwrap() error     { return e.err }
+func (e errNothingSent) SafeToRetry() bool { return true }
+
+// isLockTimeout reports a lock wait ended by lock_timeout (SQLSTATE 55P03).
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
