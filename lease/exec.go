@@ -83,8 +83,15 @@ func exec(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration, w wait
 	b.Queue(commitSQL)
 	err = c.Conn().SendBatch(ctx, b).Close()
 	pg := c.Conn().PgConn()
-	if pg.IsClosed() || pg.TxStatus() == 'I' {
+	if pg.IsClosed() {
 		return err // a closed connection is destroyed by Release
+	}
+	if pg.TxStatus() == 'I' {
+		// Only our own statements ran, all inside the transaction that
+		// just ended, and the frame's settings were transaction-local:
+		// nothing to reset, so Release skips pooltx's reset round trip.
+		c.MarkClean()
+		return err
 	}
 	// Aborted (or, after a handler error, still open): roll back here rather
 	// than make the pool destroy a healthy connection.
@@ -92,6 +99,8 @@ func exec(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration, w wait
 	defer cancel()
 	if _, rerr := c.Conn().Exec(rctx, "ROLLBACK"); rerr != nil || pg.TxStatus() != 'I' {
 		c.MarkDirty(rerr)
+	} else {
+		c.MarkClean() // as above: the rollback ended all we did
 	}
 	if err == nil {
 		err = errors.New("lease: transaction left open")
