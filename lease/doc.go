@@ -59,8 +59,10 @@
 // run for it), held only while someone waits and then closed: it never takes
 // a pooled connection, so a pool of one connection is enough, and a
 // connection that ran LISTEN never goes back to the pool. Attempts borrow a
-// pooled connection for one round trip and wait at most [TryLockTimeout] for
-// a row lock, then count as refused. A release wakes every waiting
+// pooled connection for one round trip. (A blocking attempt waits for the
+// resource's row lock as long as ctx allows, so that a writer blocked by
+// readers always gets to store its intent; only the Try calls give up after
+// [TryLockTimeout].) A release wakes every waiting
 // reader of the process but only the longest-waiting writer. The context
 // governs the whole wait; when it ends, Acquire returns an error wrapping
 // both [ErrNotAcquired] and the context's cause.

@@ -13,9 +13,8 @@ import (
 	"github.com/pgxlock/pgxlock/pooltx"
 )
 
-// TryLockTimeout bounds how long a non-blocking call (TryAcquire, TryDo, and
-// each attempt of a blocking Manager.Acquire) waits for a row lock held by
-// someone else, such as an unrelated transaction that updated the leased row
+// TryLockTimeout bounds how long a non-blocking call (TryAcquire, TryDo,
+// TryAcquireAll, TryUpgrade) waits for a row lock held by someone else, such as an unrelated transaction that updated the leased row
 // or the resource's counter row and has not committed. When it runs out the
 // call reports the lease as busy (ErrNotAcquired, with the server's 55P03
 // error in the chain) instead of waiting for that transaction.

@@ -226,6 +226,7 @@ type request struct {
 	ttl      time.Duration
 	metadata any    // nil or the JSON text
 	intent   string // non-empty: a blocking writer registers this intent when blocked
+	wait     wait   // how long an attempt may wait for the resource's row lock
 }
 
 func (m *Manager) newRequest(op, resource string, opts *AcquireOptions) (*request, error) {
@@ -272,6 +273,7 @@ func (m *Manager) TryAcquire(ctx context.Context, resource string, opts *Acquire
 	if err != nil {
 		return nil, err
 	}
+	req.wait = waitTry
 	l, _, err := m.attempt(ctx, req)
 	if outcomeUnknown(err) {
 		m.giveBack(ctx, req)
@@ -298,7 +300,7 @@ func (m *Manager) attempt(ctx context.Context, req *request) (*Lease, time.Durat
 		acquiredAt, expiry *time.Time
 		retryAfter         *float64
 	)
-	err := exec(ctx, m.pool, m.releaseTimeout, waitTry, func(b *pgx.Batch) {
+	err := exec(ctx, m.pool, m.releaseTimeout, req.wait, func(b *pgx.Batch) {
 		b.Queue(m.q.lockResource, req.resource)
 		b.Queue(m.q.acquire, req.resource, req.mode.String(), req.leaseID, req.owner, req.ttl,
 			req.metadata, intent, 3*m.poll).QueryRow(func(row pgx.Row) error {
