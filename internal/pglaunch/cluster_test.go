@@ -45,7 +45,7 @@ func (s *syncBuffer) String() string {
 // user's template cache, as callers of Start do.
 func start(t *testing.T, opts Options) *Cluster {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a hang guard: initdb under -race on a loaded 2-core machine is slow
 	defer cancel()
 	c, err := Start(ctx, opts)
 	require.NoError(t, err)
@@ -131,7 +131,7 @@ func TestStartRestartStop(t *testing.T) {
 	pid, ok := postmasterPID(c.DataDir())
 	require.True(t, ok)
 	port := c.Port()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a hang guard: initdb under -race on a loaded 2-core machine is slow
 	defer cancel()
 	require.NoError(t, c.Restart(ctx))
 	assert.Equal(t, port, c.Port())
@@ -197,7 +197,7 @@ func TestCorruptTemplateFallsBackToInitdb(t *testing.T) {
 	require.NoError(t, copyTree(shared.entry, entry, nil, false))
 
 	// Bad settings are not the template's fault: the entry survives a failed start.
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a hang guard: initdb under -race on a loaded 2-core machine is slow
 	defer cancel()
 	_, err := Start(ctx, Options{CacheDir: cache, Settings: map[string]string{"max_connections": "-1"}})
 	require.Error(t, err)
@@ -241,7 +241,7 @@ func TestPortClashRetries(t *testing.T) {
 // A failed start returns pg_ctl's output and the server log, and leaves nothing behind.
 func TestStartFailureCarriesOutputAndCleansUp(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a hang guard: initdb under -race on a loaded 2-core machine is slow
 	defer cancel()
 	_, err := Start(ctx, Options{NoTemplateCache: true, Settings: map[string]string{"shared_buffers": "not-a-size"}})
 	require.Error(t, err)
