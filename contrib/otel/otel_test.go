@@ -114,7 +114,7 @@ func TestSequenceSpansAndMetrics(t *testing.T) {
 	})
 	require.ErrorIs(t, err, advisory.ErrLockLost)
 	// 6. Lease renewals: one ok, one after the release (lost).
-	m, err := lease.NewManager(pool, lease.ManagerConfig{Table: pgtest.Schema(t, pool) + ".leases", TTL: time.Minute, Tracer: tr})
+	m, err := lease.NewManager(pool, lease.ManagerConfig{Schema: pgtest.Schema(t, pool), Table: "leases", TTL: time.Minute, Tracer: tr})
 	require.NoError(t, err)
 	require.NoError(t, m.Migrate(ctx))
 	ls, err := m.TryAcquire(ctx, secret, nil)
