@@ -156,3 +156,30 @@ func (n Namespace) Hash(s string) (Key, error) {
 	}
 	return Int64(nsHashInt64(n.id, s)), nil
 }
+
+// NamespaceLabel names the registered namespace that the keys of one call
+// share, for metrics and traces: the namespace's name when every key is a
+// pair whose first int is that registered namespace, "none" when no key is
+// (or ks is empty), and "mixed" when the keys disagree. It never shows a
+// key's value.
+func NamespaceLabel(ks []Key) string {
+	label := ""
+	for _, k := range ks {
+		name := "none"
+		if a, _, ok := k.Pair(); ok {
+			if ns, ok := LookupNamespace(a); ok {
+				name = ns.Name()
+			}
+		}
+		switch {
+		case label == "":
+			label = name
+		case label != name:
+			return "mixed"
+		}
+	}
+	if label == "" {
+		return "none"
+	}
+	return label
+}

@@ -103,13 +103,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 // TraceAcquireStart implements advisory.AcquireTracer.
 func (c *Collector) TraceAcquireStart(ctx context.Context, d advisory.TraceAcquireStartData) context.Context {
-	c.waiting.WithLabelValues(string(d.Scope), mode(d.Shared), namespaceOf(d.Keys)).Inc()
+	c.waiting.WithLabelValues(string(d.Scope), mode(d.Shared), keys.NamespaceLabel(d.Keys)).Inc()
 	return ctx
 }
 
 // TraceAcquireEnd implements advisory.AcquireTracer.
 func (c *Collector) TraceAcquireEnd(_ context.Context, d advisory.TraceAcquireEndData) {
-	scope, m, ns := string(d.Scope), mode(d.Shared), namespaceOf(d.Keys)
+	scope, m, ns := string(d.Scope), mode(d.Shared), keys.NamespaceLabel(d.Keys)
 	c.waiting.WithLabelValues(scope, m, ns).Dec()
 	c.acquisitions.WithLabelValues(scope, m, string(d.Outcome), ns).Inc()
 	c.wait.WithLabelValues(scope, m, ns).Observe(d.Waited.Seconds())
@@ -120,7 +120,7 @@ func (c *Collector) TraceAcquireEnd(_ context.Context, d advisory.TraceAcquireEn
 
 // TraceRelease implements advisory.ReleaseTracer.
 func (c *Collector) TraceRelease(_ context.Context, d advisory.TraceReleaseData) {
-	scope, m, ns := string(d.Scope), mode(d.Shared), namespaceOf(d.Keys)
+	scope, m, ns := string(d.Scope), mode(d.Shared), keys.NamespaceLabel(d.Keys)
 	c.held.WithLabelValues(scope, m, ns).Dec()
 	c.hold.WithLabelValues(scope, m, ns).Observe(d.Held.Seconds())
 }
@@ -140,7 +140,7 @@ func (c *Collector) TraceRenew(_ context.Context, d lease.TraceRenewData) {
 
 // TraceLost implements advisory.LostTracer.
 func (c *Collector) TraceLost(_ context.Context, d advisory.TraceLostData) {
-	scope, m, ns := string(advisory.ScopeSession), mode(d.Shared), namespaceOf(d.Keys)
+	scope, m, ns := string(advisory.ScopeSession), mode(d.Shared), keys.NamespaceLabel(d.Keys)
 	c.held.WithLabelValues(scope, m, ns).Dec()
 	c.hold.WithLabelValues(scope, m, ns).Observe(d.Held.Seconds())
 	c.lost.WithLabelValues(ns).Inc()
@@ -151,27 +151,4 @@ func mode(shared bool) string {
 		return "shared"
 	}
 	return "exclusive"
-}
-
-// namespaceOf labels a call's keys by their registered namespace.
-func namespaceOf(ks []keys.Key) string {
-	label := ""
-	for _, k := range ks {
-		name := "none"
-		if a, _, ok := k.Pair(); ok {
-			if ns, ok := keys.LookupNamespace(a); ok {
-				name = ns.Name()
-			}
-		}
-		switch {
-		case label == "":
-			label = name
-		case label != name:
-			return "mixed"
-		}
-	}
-	if label == "" {
-		return "none"
-	}
-	return label
 }

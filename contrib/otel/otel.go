@@ -131,7 +131,7 @@ type spanKey struct{}
 // TraceAcquireStart implements advisory.AcquireTracer: it starts the lock
 // span, a child of ctx's span, and counts the acquisition as waiting.
 func (t *Tracer) TraceAcquireStart(ctx context.Context, d advisory.TraceAcquireStartData) context.Context {
-	scope, mode, ns := string(d.Scope), modeOf(d.Shared), namespaceOf(d.Keys)
+	scope, mode, ns := string(d.Scope), modeOf(d.Shared), keys.NamespaceLabel(d.Keys)
 	t.waiting.Add(ctx, 1, metric.WithAttributeSet(lockSet(scope, mode, ns)))
 	ctx, span := t.tracer.Start(ctx, SpanLock, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
 		AttrScope.String(scope), AttrMode.String(mode), AttrTry.Bool(d.Try),
@@ -144,7 +144,7 @@ func (t *Tracer) TraceAcquireStart(ctx context.Context, d advisory.TraceAcquireS
 // lasts until the release or the loss). Timeouts, deadlocks, cancellations
 // and errors set the span's status to Error; busy does not.
 func (t *Tracer) TraceAcquireEnd(ctx context.Context, d advisory.TraceAcquireEndData) {
-	scope, mode, ns := string(d.Scope), modeOf(d.Shared), namespaceOf(d.Keys)
+	scope, mode, ns := string(d.Scope), modeOf(d.Shared), keys.NamespaceLabel(d.Keys)
 	set := lockSet(scope, mode, ns)
 	t.waiting.Add(ctx, -1, metric.WithAttributeSet(set))
 	t.acquisitions.Add(ctx, 1, metric.WithAttributes(
@@ -172,7 +172,7 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, d advisory.TraceAcquireEnd
 // TraceRelease implements advisory.ReleaseTracer: a release event with the
 // hold time, then the span ends (status Error if the unlock failed).
 func (t *Tracer) TraceRelease(ctx context.Context, d advisory.TraceReleaseData) {
-	scope, mode, ns := string(d.Scope), modeOf(d.Shared), namespaceOf(d.Keys)
+	scope, mode, ns := string(d.Scope), modeOf(d.Shared), keys.NamespaceLabel(d.Keys)
 	set := lockSet(scope, mode, ns)
 	t.held.Add(ctx, -1, metric.WithAttributeSet(set))
 	t.hold.Record(ctx, d.Held.Seconds(), metric.WithAttributeSet(set))
@@ -188,7 +188,7 @@ func (t *Tracer) TraceRelease(ctx context.Context, d advisory.TraceReleaseData) 
 // TraceLost implements advisory.LostTracer: a loss event with the hold
 // time, status Error "lost", and the span ends.
 func (t *Tracer) TraceLost(ctx context.Context, d advisory.TraceLostData) {
-	scope, mode, ns := string(advisory.ScopeSession), modeOf(d.Shared), namespaceOf(d.Keys)
+	scope, mode, ns := string(advisory.ScopeSession), modeOf(d.Shared), keys.NamespaceLabel(d.Keys)
 	set := lockSet(scope, mode, ns)
 	t.held.Add(ctx, -1, metric.WithAttributeSet(set))
 	t.hold.Record(ctx, d.Held.Seconds(), metric.WithAttributeSet(set))
@@ -241,28 +241,4 @@ func modeOf(shared bool) string {
 		return "shared"
 	}
 	return "exclusive"
-}
-
-// namespaceOf is the metrics package's namespace label: the registered
-// namespace of the call's (pair) keys, "none", or "mixed".
-func namespaceOf(ks []keys.Key) string {
-	label := ""
-	for _, k := range ks {
-		name := "none"
-		if a, _, ok := k.Pair(); ok {
-			if ns, ok := keys.LookupNamespace(a); ok {
-				name = ns.Name()
-			}
-		}
-		switch {
-		case label == "":
-			label = name
-		case label != name:
-			return "mixed"
-		}
-	}
-	if label == "" {
-		return "none"
-	}
-	return label
 }
