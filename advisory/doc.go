@@ -179,6 +179,41 @@
 // are destroyed, and if no live connection can be had the call fails with
 // [ErrNoConnection].
 //
+// # Failover
+//
+// Advisory locks, session and transaction scope alike, live in the
+// primary's memory and are not replicated: a standby holds none of them,
+// and after a promotion every lock taken on the old primary is gone. Point
+// the pool at all the servers with target_session_attrs=read-write (for
+// example host=a,b port=5432,5432 target_session_attrs=read-write), so that
+// new connections go to whichever accepts writes.
+//
+// When the old primary stops, a [Lock] handle's Done closes, a
+// [Locker.Hold] callback's context is cancelled with cause [ErrLockLost],
+// and [Locker.WithLock] returns an error matching [ErrLockLost] (the
+// callback's next statement on its connection fails; the unlock finds the
+// session gone). A closed socket is seen at once, with no heartbeat. An
+// in-flight [Locker.WithXactLock] returns COMMIT's pooltx.ErrNotCommitted,
+// or the callback's own statement error, and none of its work is on the
+// new primary, even with synchronous replication.
+//
+// When the old primary is cut off but not dead (a silent partition), it
+// keeps the locks: nothing tells it the holders are gone. The heartbeat
+// tells a handle and a Hold callback within about HeartbeatInterval +
+// HeartbeatTimeout (defaults [DefaultHeartbeatInterval] and
+// [DefaultHeartbeatTimeout]; lower them to learn sooner, at the price of a
+// ping per held lock per interval); a WithLock callback learns when a
+// statement on its connection fails, so bound its statements with a
+// context deadline. Until then, and for a holder that ignores the signal,
+// two processes may act as owners of one key, one per primary: a lock
+// cannot prevent that, fencing can. Leases (package lease) give every
+// acquisition a fencing token that a protected write checks, and their
+// tokens stay greater after a promotion (see "Fencing tokens across a
+// failover" in package lease).
+//
+// After the promotion, new calls on the same pool take the keys on the
+// promoted server. Tests: advisory_test/failover_test.go.
+//
 // # Operating the server
 //
 //   - client_connection_check_interval (PostgreSQL 14+), e.g. 1s: a backend

@@ -110,12 +110,13 @@ func (f *failover) acquireOnPromoted(t *testing.T, ctx context.Context, l *advis
 }
 
 // The old primary stops (immediate shutdown: its sessions die): every kind of session
-// holder learns it lost its lock with ErrLockLost, and once the standby is promoted new
+// holder learns it lost its lock with ErrLockLost, heartbeats off, and once the standby is promoted new
 // callers on the same pool and multi-host DSN take the same keys there.
 func TestFailoverPrimaryStopsHoldersLoseLocks(t *testing.T) {
 	ctx := testCtx(t)
 	f := newFailover(t, pglaunch.StandbyOptions{})
-	l := failoverLocker(t, f.pool)
+	// No heartbeat: the closed sockets alone tell the watchers.
+	l := newLocker(t, f.pool, advisory.Config{HeartbeatInterval: -1, CleanupTimeout: 2 * time.Second})
 	handleKey, holdKey, withKey := int64Key(t), pairKey(t), int64Key(t)
 
 	h, err := l.Lock(ctx, handleKey, nil)
