@@ -1,6 +1,7 @@
 // Package advisory_test holds black-box fault tests of package advisory against a real
 // PostgreSQL: a terminated holder, a server restart, a network cut, random cancellation,
-// OS processes killed mid-hold or mid-wait, and PgBouncer in transaction pooling mode.
+// OS processes killed mid-hold or mid-wait, PgBouncer in transaction pooling mode, and a
+// failover to a promoted standby.
 //
 // Latencies (loss detection, waiter hand-over) are logged with t.Logf; see them with
 //

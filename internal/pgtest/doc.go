@@ -28,6 +28,14 @@
 // try Docker: a broken local set-up should be fixed, not silently bypassed. Whatever the
 // source, the DSN must answer a ping before a test gets it.
 //
+// # Private clusters
+//
+// Tests that restart, stop or break the server get their own throwaway cluster from
+// [Cluster], and failover tests a primary with a streaming standby from [Replicated]
+// (connect through pglaunch.MultiHostDSN). Both need local PostgreSQL server binaries
+// whatever PGXLOCK_TEST_DATABASE says, fail the test without them, and are removed at the
+// test's cleanup.
+//
 // # Missing tools
 //
 // PostgreSQL is required: without it, tests fail (above), and the message starts with the
