@@ -212,7 +212,14 @@
 // failover" in package lease).
 //
 // After the promotion, new calls on the same pool take the keys on the
-// promoted server. Tests: advisory_test/failover_test.go.
+// promoted server. Set pgxpool.Config.PingTimeout (say 1 s) when the old
+// primary may go silent rather than die: pgxpool pings a connection idle
+// for over a second before handing it out, bounded by nothing but the
+// caller's context unless PingTimeout is set, so a pool holding idle
+// connections to a silent old primary makes a new call wait its whole
+// timeout and fail with [ErrNoConnection]; with PingTimeout those pings
+// fail, pgxpool drops the connections and opens new ones to the promoted
+// server. Tests: advisory_test/failover_test.go.
 //
 // # Operating the server
 //

@@ -33,7 +33,7 @@ type failover struct {
 	onPrimary, onStandby *pgxpool.Pool
 }
 
-func newFailover(t *testing.T, opts pglaunch.StandbyOptions) *failover {
+func newFailover(t *testing.T, opts pglaunch.StandbyOptions, tune ...func(*pgxpool.Config)) *failover {
 	t.Helper()
 	f := &failover{}
 	f.primary, f.standby = pgtest.Replicated(t, opts)
@@ -44,6 +44,9 @@ func newFailover(t *testing.T, opts pglaunch.StandbyOptions) *failover {
 	require.EqualValues(t, f.primary.Port(), cfg.ConnConfig.Port)
 	cfg.ConnConfig.Port = uint16(f.proxy.ln.Addr().(*net.TCPAddr).Port)
 	cfg.MaxConns = 8
+	for _, fn := range tune {
+		fn(cfg)
+	}
 	f.pool = pgtest.NewPool(t, cfg)
 	direct := func(dsn string) *pgxpool.Pool {
 		cfg, err := pgxpool.ParseConfig(dsn)
@@ -191,6 +194,41 @@ func TestFailoverPartitionedPrimaryHoldersLoseLocks(t *testing.T) {
 	require.NoError(t, f.primary.Stop(ctx))
 	require.NoError(t, f.standby.Promote(ctx))
 	f.acquireOnPromoted(t, ctx, l, handleKey, holdKey, withKey)
+}
+
+// Idle pooled connections to a primary that is cut off (silent) and then replaced: pgxpool
+// pings a connection idle for over a second before handing it out, and that ping is bound
+// by pgxpool.Config.PingTimeout only (by default, by nothing but the caller's context).
+// With PingTimeout set, the silent connections fail their pings, pgxpool destroys them,
+// and a new caller gets a connection to the promoted standby. (Without it, this test
+// fails: WithLock waits its whole timeout, 20 s, for a pong and fails with
+// ErrNoConnection.) ShouldPing always true stands for "idle over a second" without a
+// sleep.
+func TestFailoverPartitionedIdleConnsPingTimeout(t *testing.T) {
+	ctx := testCtx(t)
+	f := newFailover(t, pglaunch.StandbyOptions{}, func(cfg *pgxpool.Config) {
+		cfg.PingTimeout = time.Second
+		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return true }
+	})
+	l := failoverLocker(t, f.pool)
+	// Two idle connections to the primary.
+	c1, err := f.pool.Acquire(ctx)
+	require.NoError(t, err)
+	c2, err := f.pool.Acquire(ctx)
+	require.NoError(t, err)
+	c1.Release()
+	c2.Release()
+	require.Equal(t, 2, f.proxy.Cut())
+	require.NoError(t, f.primary.Stop(ctx))
+	require.NoError(t, f.standby.Promote(ctx))
+
+	k := int64Key(t)
+	require.NoError(t, l.WithLock(ctx, k, &advisory.Options{Timeout: waitBound}, func(ctx context.Context, conn *pgx.Conn) error {
+		held := holderPIDs(t, ctx, f.onStandby, k)
+		assert.Equal(t, conn.PgConn().PID(), uint32(held[k]))
+		return nil
+	}))
+	f.proxy.CloseCut()
 }
 
 // A transaction-scope lock in flight when the primary stops: the call returns a
