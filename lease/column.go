@@ -84,7 +84,7 @@ const (
 	// and matches nothing: exactly one wins.
 	columnAcquireSQL = `
 WITH claimed AS (
-	UPDATE {t} SET {at} = now(), {by} = $2, {fence} = coalesce({fence}, 0) + 1
+	UPDATE {t} SET {at} = now(), {by} = $2, {fence} = {next_fence}
 	WHERE {id} = $1 AND ({at} IS NULL OR {at} < now() - $3::interval)
 	RETURNING {fence} AS token
 )
@@ -165,6 +165,7 @@ func NewColumn(pool *pgxpool.Pool, cfg ColumnConfig) (*Column, error) {
 	r := strings.NewReplacer(
 		"{t}", table, "{id}", quote(cfg.IDColumn), "{at}", quote(cfg.LockedAtColumn),
 		"{by}", quote(cfg.OwnerColumn), "{fence}", quote(cfg.FenceColumn),
+		"{next_fence}", nextTokenSQL("coalesce("+quote(cfg.FenceColumn)+", 0)"),
 	)
 	return &Column{
 		pool:           pool,
