@@ -201,6 +201,66 @@
 // and with CACHE > 1 are not even ordered across sessions; a counter updated
 // under the deciding lock needs no such argument.
 //
+// # Fencing tokens across a failover
+//
+// A counter is only as durable as the commit that raised it. With
+// asynchronous replication a standby may be promoted without the last
+// acquisitions the old primary committed: counted from the replicated value
+// alone, the new primary would hand out again tokens the old holders already
+// have, and [Fence.Update], which accepts an equal token, could not tell the
+// holders apart. So a token also carries the server's timeline, the number
+// PostgreSQL raises at every promotion. The acquiring statement itself
+// computes
+//
+//	token = greatest(counter + 1, (timeline - 1) << TimelineShift)
+//
+// and stores it as the new counter, where timeline is read from the name of
+// the WAL file the server writes (pg_walfile_name(pg_current_wal_lsn()); no
+// privilege needed, no extra round trip). Bit layout of the positive int64,
+// while a resource stays under 2^40 acquisitions per timeline: bits 40-62
+// hold the highest timeline an acquisition of the resource ran on, minus 1
+// (token>>TimelineShift + 1 reads it back); bits 0-39 count the acquisitions
+// on that timeline (the first one after a promotion has 0 there). On timeline
+// 1, a server never promoted, the floor is 0 and tokens are the plain counter
+// 1, 2, 3, ... as they always were: existing tables and rows need no
+// migration. The first acquisition of a resource on timeline 2 returns 1<<40
+// (1099511627776) and counts on from there; on timeline 3 it is 2<<40.
+//
+// What is guaranteed, with asynchronous or synchronous replication: every
+// token a promoted server issues is strictly greater than every token issued
+// on an earlier timeline, including the acquisitions lost in the failover and
+// those an old primary that is cut off but still running keeps issuing after
+// the promotion (it stays on its old timeline, below the new floor). A
+// [Fence] row on the new primary, or any store that has accepted a token from
+// the new primary, therefore rejects every write of the old holders once a
+// new holder has written. With synchronous replication
+// (synchronous_standby_names with synchronous_commit on or remote_apply)
+// nothing acknowledged is lost besides: every lease the old primary granted is
+// still there on the new one, and tokens jump to the new floor rather than
+// continue by one.
+//
+// What is not guaranteed: mutual exclusion across an asynchronous failover.
+// A lease lost in the failover does not exist on the new primary, which may
+// grant the resource at once while the old holder is still working (its next
+// renewal there reports ErrLeaseLost); the tokens order the two holders,
+// they do not keep them apart. A store that never sees the new primary's
+// tokens, such as a Fence row on the cut-off old primary itself, keeps
+// accepting the old holders. And the ordering rests on the promoted server's
+// timeline being above that of every server that issued tokens: PostgreSQL
+// gives a promoted standby the timeline after the one it replays, or higher,
+// but two standbys of one primary that are both promoted take the same
+// timeline (a split brain between them), and so can a standby that never
+// replayed an earlier promotion, unless the WAL archive holds that timeline's
+// history file.
+//
+// Limits: 2^40 (about 1.1 * 10^12) acquisitions of one resource per timeline
+// keep it below the next timeline's floor. Timelines up to 2^23 (8388608) fit
+// the format; on timeline 8388609 and above an acquisition fails with SQLSTATE
+// 22003 (bigint out of range) rather than issue a negative or wrapped token.
+// A server in recovery (a standby) issues no token: the lease statement's
+// BEGIN ... READ WRITE is refused with 25006 (read_only_sql_transaction), as
+// every write there is, and the error wraps the server's.
+//
 // # The Do helper
 //
 // [Manager.Do], [Manager.TryDo] and [Column.TryDo] acquire, run a callback,
