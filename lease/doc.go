@@ -257,9 +257,10 @@
 // keep it below the next timeline's floor. Timelines up to 2^23 (8388608) fit
 // the format; on timeline 8388609 and above an acquisition fails with SQLSTATE
 // 22003 (bigint out of range) rather than issue a negative or wrapped token.
-// A server in recovery (a standby) issues no token: the lease statement's
-// BEGIN ... READ WRITE is refused with 25006 (read_only_sql_transaction), as
-// every write there is, and the error wraps the server's.
+// A server in recovery (a standby) issues no token: the lease frame's BEGIN
+// ... READ WRITE is refused there with SQLSTATE 0A000 ("cannot set
+// transaction read-write mode during recovery"), and the error wraps the
+// server's *pgconn.PgError.
 //
 // # The Do helper
 //

@@ -11,7 +11,7 @@ const TimelineShift = 40
 // first 8 hex digits of the current WAL file's name. It changes at promotion
 // (the new timeline reads at once, before any checkpoint), needs no
 // privilege, and fails during recovery (55000), where the lease frame's
-// BEGIN ... READ WRITE has already been refused (25006).
+// BEGIN ... READ WRITE has already been refused (0A000).
 const timelineSQL = `('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint`
 
 // tokenFloorSQL is the smallest token a server on timeline tl (an SQL bigint
