@@ -226,17 +226,18 @@
 // migration. The first acquisition of a resource on timeline 2 returns 1<<40
 // (1099511627776) and counts on from there; on timeline 3 it is 2<<40.
 //
-// What is guaranteed, with asynchronous or synchronous replication: every
-// token a promoted server issues is strictly greater than every token issued
-// on an earlier timeline, including the acquisitions lost in the failover and
+// What is guaranteed, with asynchronous or synchronous replication and within
+// the limits below: every token a promoted server issues is strictly greater
+// than every token issued on an earlier timeline, including the acquisitions lost in the failover and
 // those an old primary that is cut off but still running keeps issuing after
 // the promotion (it stays on its old timeline, below the new floor). A
 // [Fence] row on the new primary, or any store that has accepted a token from
 // the new primary, therefore rejects every write of the old holders once a
-// new holder has written. With synchronous replication
-// (synchronous_standby_names with synchronous_commit on or remote_apply)
-// nothing acknowledged is lost besides: every lease the old primary granted is
-// still there on the new one, and tokens jump to the new floor rather than
+// new holder has written. With synchronous replication (the standby named in
+// synchronous_standby_names; the tests use synchronous_commit = remote_apply)
+// nothing acknowledged is lost besides: every lease whose acquisition
+// returned before the failover is still there on the new primary (it renews,
+// and still excludes others), and tokens jump to the new floor rather than
 // continue by one.
 //
 // What is not guaranteed: mutual exclusion across an asynchronous failover.
@@ -254,7 +255,9 @@
 // history file.
 //
 // Limits: 2^40 (about 1.1 * 10^12) acquisitions of one resource per timeline
-// keep it below the next timeline's floor. Timelines up to 2^23 (8388608) fit
+// keep it below the next timeline's floor. Through timeline 8192 tokens stay
+// below 2^53, so a JSON reader that parses numbers as float64 (JavaScript)
+// reads them exactly. Timelines up to 2^23 (8388608) fit
 // the format; on timeline 8388609 and above an acquisition fails with SQLSTATE
 // 22003 (bigint out of range) rather than issue a negative or wrapped token.
 // A server in recovery (a standby) issues no token: the lease frame's BEGIN

@@ -100,6 +100,7 @@ func TestFailoverTokensManagerAsync(t *testing.T) {
 
 	failover(t, primary, standby, pool, onStandby)
 	require.Equal(t, int64(3), queryOne[int64](t, pool, counter), "the new primary lost the last two acquisitions")
+	require.Equal(t, int64(2), queryOne[int64](t, pool, "SELECT "+lease.TimelineSQLForTest), "the new primary reads timeline 2 at once")
 
 	reader, err := m.TryAcquire(ctx, "r", shared)
 	require.NoError(t, err, "the old holder's lease was lost with its row")
