@@ -260,6 +260,9 @@
 // reads them exactly. Timelines up to 2^23 (8388608) fit
 // the format; on timeline 8388609 and above an acquisition fails with SQLSTATE
 // 22003 (bigint out of range) rather than issue a negative or wrapped token.
+// A column lease's fence column must be bigint, as Migrate creates it: one
+// declared integer fails every acquisition after a promotion with 22003
+// (integer out of range).
 // A server in recovery (a standby) issues no token: the lease frame's BEGIN
 // ... READ WRITE is refused there with SQLSTATE 0A000 ("cannot set
 // transaction read-write mode during recovery"), and the error wraps the

@@ -223,7 +223,8 @@ func TestFailoverTokensSync(t *testing.T) {
 // fenced store on the old primary itself accepts them: it never sees the new
 // tokens (what the package documentation says is not guaranteed). A standby
 // in recovery issues no token at all: its BEGIN READ WRITE is refused with
-// 0A000, and the error wraps the server's.
+// 0A000, and the error wraps the server's. A fence column declared integer
+// fails the first acquisition after the promotion with 22003.
 func TestFailoverTokensOldPrimaryStillRunning(t *testing.T) {
 	primary, standby := pgtest.Replicated(t, pglaunch.StandbyOptions{Synchronous: false})
 	ctx := testCtx(t)
@@ -231,6 +232,9 @@ func TestFailoverTokensOldPrimaryStillRunning(t *testing.T) {
 	newPool := failoverPool(t, standby.DSN())
 	mOld := newManager(t, oldPool, "", lease.ManagerConfig{TTL: time.Minute})
 	fOld := fencedAccounts(t, oldPool)
+	// A fence column declared integer instead of bigint.
+	mustExec(t, oldPool, "CREATE TABLE narrow (id int PRIMARY KEY, locked_at timestamptz, locked_by text, lock_fence integer NOT NULL DEFAULT 0)")
+	mustExec(t, oldPool, "INSERT INTO narrow (id) VALUES (1)")
 	colOld := usersTable(t, oldPool, "public", time.Minute, 1)
 	awaitReplayed(t, newPool, "SELECT count(*) FROM users", 1)
 
@@ -256,6 +260,13 @@ func TestFailoverTokensOldPrimaryStillRunning(t *testing.T) {
 	require.NoError(t, err)
 	newerRow, err := colNew.TryAcquire(ctx, int64(1))
 	require.NoError(t, err)
+	assert.Equal(t, firstTimeline2Token, newer.Token())
+	assert.Equal(t, firstTimeline2Token, newerRow.Token())
+	narrow, err := lease.NewColumn(newPool, lease.ColumnConfig{Table: "narrow", TTL: time.Minute})
+	require.NoError(t, err)
+	_, err = narrow.TryAcquire(ctx, 1)
+	assertPgCode(t, err, "22003") // integer out of range: the fence column must be bigint
+	t.Logf("integer fence column after a promotion: %v", err)
 	require.NoError(t, fNew.Update(ctx, newPool, 1, newer.Token(), map[string]any{"balance": 2}))
 
 	// The split brain: the old primary grants the same resources again.
