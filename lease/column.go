@@ -34,8 +34,9 @@ type ColumnConfig struct {
 	// of the current acquisition. Release and Renew only touch a row whose
 	// owner is still theirs. Default "locked_by".
 	OwnerColumn string
-	// FenceColumn is a bigint NOT NULL DEFAULT 0 incremented by every
-	// acquisition; its new value is the fencing token. Default "lock_fence".
+	// FenceColumn is a bigint NOT NULL DEFAULT 0 raised by every acquisition
+	// (by one, or to the timeline's floor after a promotion: see the package
+	// documentation); its new value is the fencing token. Default "lock_fence".
 	FenceColumn string
 	// TTL after which a lease that was neither renewed nor released may be
 	// taken by the next acquirer. Required, at least MinTTL. Every process leasing this

@@ -21,7 +21,9 @@
 //	WHERE id = $1 AND (locked_at IS NULL OR locked_at < now() - $ttl)
 //
 // that either changes one row (held) or none: [ErrNotAcquired] when someone
-// else holds a live lease, [ErrNotFound] when no row has that id. Two racing
+// else holds a live lease, [ErrNotFound] when no row has that id. (The real
+// statement raises lock_fence + 1 to the server's timeline floor: see
+// "Fencing tokens across a failover".) Two racing
 // statements cannot both win: the second waits for the first's row lock, then
 // re-evaluates its WHERE clause against the committed row and matches nothing
 // (see Isolation and time zones below). It waits at most [TryLockTimeout] for
@@ -190,10 +192,10 @@
 // [ErrLeaseLost]. It accepts an equal token, so one holder may write several
 // times; use < in your own SQL if each acquisition may write once.
 //
-// Where the tokens come from: the column form increments the row's fence
-// column in the acquiring UPDATE itself, under the row lock that decides the
+// Where the tokens come from: the column form raises the row's fence column
+// (by one, on a server never promoted) in the acquiring UPDATE itself, under the row lock that decides the
 // race, so the counter lives and dies with the row. The lock-manager form
-// increments a per-resource counter row in the companion table, under the
+// raises a per-resource counter row in the companion table the same way, under the
 // lock that serialises acquisitions of that resource; the row is kept when
 // leases are released or swept (never delete it), so tokens never restart.
 // A database sequence would also give increasing numbers, but its values are
