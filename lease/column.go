@@ -34,8 +34,9 @@ type ColumnConfig struct {
 	// of the current acquisition. Release and Renew only touch a row whose
 	// owner is still theirs. Default "locked_by".
 	OwnerColumn string
-	// FenceColumn is a bigint NOT NULL DEFAULT 0 incremented by every
-	// acquisition; its new value is the fencing token. Default "lock_fence".
+	// FenceColumn is a bigint NOT NULL DEFAULT 0 raised by every acquisition
+	// (by one, or to the timeline's floor after a promotion: see the package
+	// documentation); its new value is the fencing token. Default "lock_fence".
 	FenceColumn string
 	// TTL after which a lease that was neither renewed nor released may be
 	// taken by the next acquirer. Required, at least MinTTL. Every process leasing this
@@ -84,7 +85,7 @@ const (
 	// and matches nothing: exactly one wins.
 	columnAcquireSQL = `
 WITH claimed AS (
-	UPDATE {t} SET {at} = now(), {by} = $2, {fence} = coalesce({fence}, 0) + 1
+	UPDATE {t} SET {at} = now(), {by} = $2, {fence} = {next_fence}
 	WHERE {id} = $1 AND ({at} IS NULL OR {at} < now() - $3::interval)
 	RETURNING {fence} AS token
 )
@@ -165,6 +166,7 @@ func NewColumn(pool *pgxpool.Pool, cfg ColumnConfig) (*Column, error) {
 	r := strings.NewReplacer(
 		"{t}", table, "{id}", quote(cfg.IDColumn), "{at}", quote(cfg.LockedAtColumn),
 		"{by}", quote(cfg.OwnerColumn), "{fence}", quote(cfg.FenceColumn),
+		"{next_fence}", nextTokenSQL("coalesce("+quote(cfg.FenceColumn)+", 0)"),
 	)
 	return &Column{
 		pool:           pool,

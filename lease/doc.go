@@ -21,7 +21,9 @@
 //	WHERE id = $1 AND (locked_at IS NULL OR locked_at < now() - $ttl)
 //
 // that either changes one row (held) or none: [ErrNotAcquired] when someone
-// else holds a live lease, [ErrNotFound] when no row has that id. Two racing
+// else holds a live lease, [ErrNotFound] when no row has that id. (The real
+// statement raises lock_fence + 1 to the server's timeline floor: see
+// "Fencing tokens across a failover".) Two racing
 // statements cannot both win: the second waits for the first's row lock, then
 // re-evaluates its WHERE clause against the committed row and matches nothing
 // (see Isolation and time zones below). It waits at most [TryLockTimeout] for
@@ -190,16 +192,83 @@
 // [ErrLeaseLost]. It accepts an equal token, so one holder may write several
 // times; use < in your own SQL if each acquisition may write once.
 //
-// Where the tokens come from: the column form increments the row's fence
-// column in the acquiring UPDATE itself, under the row lock that decides the
+// Where the tokens come from: the column form raises the row's fence column
+// (by one, on a server never promoted) in the acquiring UPDATE itself, under the row lock that decides the
 // race, so the counter lives and dies with the row. The lock-manager form
-// increments a per-resource counter row in the companion table, under the
+// raises a per-resource counter row in the companion table the same way, under the
 // lock that serialises acquisitions of that resource; the row is kept when
 // leases are released or swept (never delete it), so tokens never restart.
 // A database sequence would also give increasing numbers, but its values are
 // handed out outside the lock that orders acquisitions, are not transactional,
 // and with CACHE > 1 are not even ordered across sessions; a counter updated
 // under the deciding lock needs no such argument.
+//
+// # Fencing tokens across a failover
+//
+// A counter is only as durable as the commit that raised it. With
+// asynchronous replication a standby may be promoted without the last
+// acquisitions the old primary committed: counted from the replicated value
+// alone, the new primary would hand out again tokens the old holders already
+// have, and [Fence.Update], which accepts an equal token, could not tell the
+// holders apart. So a token also carries the server's timeline, the number
+// PostgreSQL raises at every promotion. The acquiring statement itself
+// computes
+//
+//	token = greatest(counter + 1, (timeline - 1) << TimelineShift)
+//
+// and stores it as the new counter, where timeline is read from the name of
+// the WAL file the server writes (pg_walfile_name(pg_current_wal_lsn()); no
+// privilege needed, no extra round trip). Bit layout of the positive int64,
+// while a resource stays under 2^40 acquisitions per timeline: bits 40-62
+// hold the highest timeline an acquisition of the resource ran on, minus 1
+// (token>>TimelineShift + 1 reads it back); bits 0-39 count the acquisitions
+// on that timeline (the first one after a promotion has 0 there). On timeline
+// 1, a server never promoted, the floor is 0 and tokens are the plain counter
+// 1, 2, 3, ... as they always were: existing tables and rows need no
+// migration. The first acquisition of a resource on timeline 2 returns 1<<40
+// (1099511627776) and counts on from there; on timeline 3 it is 2<<40.
+//
+// What is guaranteed, with asynchronous or synchronous replication and within
+// the limits below: every token a promoted server issues is strictly greater
+// than every token issued on an earlier timeline, including the acquisitions lost in the failover and
+// those an old primary that is cut off but still running keeps issuing after
+// the promotion (it stays on its old timeline, below the new floor). A
+// [Fence] row on the new primary, or any store that has accepted a token from
+// the new primary, therefore rejects every write of the old holders once a
+// new holder has written. With synchronous replication (the standby named in
+// synchronous_standby_names; the tests use synchronous_commit = remote_apply)
+// nothing acknowledged is lost besides: every lease whose acquisition
+// returned before the failover is still there on the new primary (it renews,
+// and still excludes others), and tokens jump to the new floor rather than
+// continue by one.
+//
+// What is not guaranteed: mutual exclusion across an asynchronous failover.
+// A lease lost in the failover does not exist on the new primary, which may
+// grant the resource at once while the old holder is still working (its next
+// renewal there reports ErrLeaseLost); the tokens order the two holders,
+// they do not keep them apart. A store that never sees the new primary's
+// tokens, such as a Fence row on the cut-off old primary itself, keeps
+// accepting the old holders. And the ordering rests on the promoted server's
+// timeline being above that of every server that issued tokens: PostgreSQL
+// gives a promoted standby the timeline after the one it replays, or higher,
+// but two standbys of one primary that are both promoted take the same
+// timeline (a split brain between them), and so can a standby that never
+// replayed an earlier promotion, unless the WAL archive holds that timeline's
+// history file.
+//
+// Limits: 2^40 (about 1.1 * 10^12) acquisitions of one resource per timeline
+// keep it below the next timeline's floor. Through timeline 8192 tokens stay
+// below 2^53, so a JSON reader that parses numbers as float64 (JavaScript)
+// reads them exactly. Timelines up to 2^23 (8388608) fit
+// the format; on timeline 8388609 and above an acquisition fails with SQLSTATE
+// 22003 (bigint out of range) rather than issue a negative or wrapped token.
+// A column lease's fence column must be bigint, as Migrate creates it: one
+// declared integer fails every acquisition after a promotion with 22003
+// (integer out of range).
+// A server in recovery (a standby) issues no token: the lease frame's BEGIN
+// ... READ WRITE is refused there with SQLSTATE 0A000 ("cannot set
+// transaction read-write mode during recovery"), and the error wraps the
+// server's *pgconn.PgError.
 //
 // # The Do helper
 //

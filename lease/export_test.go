@@ -10,3 +10,9 @@ func (c *Column) StatementsForTest() (acquire, renew, release string) {
 func (m *Manager) StatementsForTest() (lockResource, acquire, renew, release string) {
 	return m.q.lockResource, m.q.acquire, m.q.renew, m.q.release
 }
+
+// TokenFloorSQLForTest is tokenFloorSQL: the token floor of timeline tl.
+func TokenFloorSQLForTest(tl string) string { return tokenFloorSQL(tl) }
+
+// TimelineSQLForTest is timelineSQL: the server's current timeline.
+const TimelineSQLForTest = timelineSQL

@@ -27,7 +27,7 @@ type managerSQL struct {
 func newManagerSQL(r *strings.Replacer) managerSQL {
 	return managerSQL{
 		lockResource: r.Replace(lockResourceSQL),
-		acquire:      r.Replace(acquireSQL),
+		acquire:      strings.ReplaceAll(r.Replace(acquireSQL), "{next_fence}", nextTokenSQL("r.fence")),
 		renew:        r.Replace(renewSQL),
 		release:      r.Replace(releaseSQL),
 		giveBack:     r.Replace(giveBackSQL),
@@ -65,8 +65,8 @@ ON CONFLICT (resource) DO UPDATE SET fence = r.fence WHERE false`
 	// request, a live writer intent also blocks (writer preference).
 	//
 	// granted / waiting: exactly one of them updates the resource row. A
-	// grant bumps the fence (the new value is the token) and clears the
-	// intent if it is ours, or any intent for an exclusive grant: the
+	// grant bumps the fence (the new value is the token: nextTokenSQL) and
+	// clears the intent if it is ours, or any intent for an exclusive grant: the
 	// writers still waiting are shut out by this holder anyway. A blocked
 	// writer that waits stores its intent only while readers alone block it
 	// (writer preference), and withdraws it while a writer holds: so when a
@@ -98,7 +98,7 @@ blockers AS (
 ),
 granted AS (
 	UPDATE {resources} r SET
-		fence = r.fence + 1,
+		fence = {next_fence},
 		writer_intent = CASE WHEN $2::text = 'exclusive' OR r.writer_intent = $7::text THEN NULL ELSE r.writer_intent END,
 		writer_intent_until = CASE WHEN $2::text = 'exclusive' OR r.writer_intent = $7::text THEN NULL ELSE r.writer_intent_until END
 	WHERE r.resource = $1 AND NOT EXISTS (SELECT 1 FROM blockers)
