@@ -30,13 +30,23 @@ func (v Verdict) String() string {
 	return fmt.Sprintf("%s: %d operations on %d keys checked in %v", v.Result, v.Ops, v.Keys, v.Took.Round(time.Millisecond))
 }
 
-// Operations converts ops to porcupine's form: an operation with an Unknown outcome, or
-// none (pending), returns at the end of the history, and an Acquire among them gets a
-// Lost of its client and key from its call to the end of the history.
+// Operations converts ops to porcupine's form. An operation with an Unknown outcome, or
+// none (pending), returns at the end of the history. A Busy or Timeout on a key on which
+// an acquisition with an unknown outcome had been called before it returned is marked
+// relaxed: that acquisition may have held the key for a while (see [LockModel]). An
+// Acquire with an unknown outcome is left out: the lock model counts it as a step that
+// changes nothing (beyond relaxing those Busys), and as a pending operation it would
+// make porcupine's search exponential in the number of such calls.
 func Operations(ops []Op) []porcupine.Operation {
 	var end int64
+	firstUnknown := map[string]int64{} // key -> earliest call of an unknown Acquire
 	for _, op := range ops {
 		end = max(end, op.Call, op.Return)
+		if op.Kind == Acquire && unknown(op) {
+			if c, ok := firstUnknown[op.Key]; !ok || op.Call < c {
+				firstUnknown[op.Key] = op.Call
+			}
+		}
 	}
 	end++
 	clients := map[string]int{}
@@ -49,29 +59,24 @@ func Operations(ops []Op) []porcupine.Operation {
 		return id
 	}
 	out := make([]porcupine.Operation, 0, len(ops))
-	add := func(op Op, res Outcome, ret int64) {
-		out = append(out, porcupine.Operation{
-			ClientId: client(op.Client),
-			Input:    input{client: client(op.Client), name: op.Client, kind: op.Kind, shared: op.Shared, token: op.Token},
-			Call:     op.Call,
-			Output:   res,
-			Return:   ret,
-			Metadata: op.Key,
-		})
-	}
 	for _, op := range ops {
+		if op.Kind == Acquire && unknown(op) {
+			continue
+		}
 		res, ret := op.Outcome, op.Return
-		if res == "" || res == Unknown || ret == 0 {
+		if unknown(op) {
 			res, ret = Unknown, end
 		}
-		add(op, res, ret)
-		if op.Kind == Acquire && res == Unknown {
-			add(Op{Client: op.Client, Key: op.Key, Kind: Lost}, OK, end)
-			out[len(out)-1].Call = op.Call
+		in := input{client: client(op.Client), name: op.Client, kind: op.Kind, shared: op.Shared, token: op.Token}
+		if c, ok := firstUnknown[op.Key]; ok && (res == Busy || res == Timeout) && c <= ret {
+			in.relaxed = true
 		}
+		out = append(out, porcupine.Operation{ClientId: in.client, Input: in, Call: op.Call, Output: res, Return: ret, Metadata: op.Key})
 	}
 	return out
 }
+
+func unknown(op Op) bool { return op.Outcome == "" || op.Outcome == Unknown || op.Return == 0 }
 
 // Run checks ops against model with porcupine, giving up after timeout.
 func Run(model porcupine.Model, ops []Op, timeout time.Duration) Verdict {
