@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anishathalye/porcupine"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -133,4 +134,44 @@ func TestFencedWritesWithExpiriesLinearizable(t *testing.T) {
 			}
 		})
 	})
+}
+
+// The lease checker can fail: a broken fence, a plain UPDATE without the token
+// comparison, lets a holder whose lease was taken over write after its successor. Run
+// against PostgreSQL with real leases, porcupine rejects the history.
+func TestCheckerRejectsUnfencedWrite(t *testing.T) {
+	p1, _, schema := twoPools(t)
+	ctx := testCtx(t)
+	accounts := pgx.Identifier{schema, "accounts"}.Sanitize()
+	mustExec(t, p1, "CREATE TABLE "+accounts+" (id int PRIMARY KEY, balance int NOT NULL DEFAULT 0, fence_token bigint NOT NULL DEFAULT 0)")
+	mustExec(t, p1, "INSERT INTO "+accounts+" (id) VALUES (1)")
+	m := newManager(t, p1, schema, lease.ManagerConfig{TTL: time.Minute})
+	rec := history.NewRecorder("test", nil)
+
+	take := func(client string) *lease.Lease {
+		p := rec.Begin(history.Op{Client: client, Key: "acct", Kind: history.Acquire})
+		l, err := m.TryAcquire(ctx, "acct", nil)
+		require.NoError(t, err)
+		p.End(history.OK, l.Token())
+		return l
+	}
+	brokenWrite := func(client string, token int64) {
+		p := rec.Begin(history.Op{Client: client, Key: "acct", Kind: history.Write, Token: token})
+		tag, err := p1.Exec(ctx, "UPDATE "+accounts+" SET balance = balance + 1, fence_token = $1 WHERE id = 1", token)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, tag.RowsAffected())
+		p.End(history.OK, 0)
+	}
+	// A holds and is "paused"; its lease is released for it (as an expiry would), B
+	// takes over and writes; A wakes and writes with its old token.
+	a := take("A")
+	require.NoError(t, a.Release(ctx))
+	b := take("B")
+	brokenWrite("B", b.Token())
+	brokenWrite("A", a.Token())
+	require.NoError(t, b.Release(ctx))
+
+	v := history.Run(history.LeaseModel(), rec.Ops(), history.CheckTimeout)
+	t.Logf("unfenced write: %v", v)
+	assert.Equal(t, porcupine.Illegal, v.Result)
 }
