@@ -170,6 +170,12 @@ func classifyResult(err error, try, deadline bool) (string, bool) {
 	switch {
 	case err == nil:
 		return "ok", true
+	case errors.Is(err, advisory.ErrLockLost) && !errors.Is(err, advisory.ErrNotHeld) &&
+		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+		// The call's own cancellation interrupted a query of the callback, pgx's
+		// default handler closed the connection, and the unlock found it closed:
+		// WithLock reports that as a lost lock (the session ended while fn ran).
+		return ownCancelLost, true
 	case errors.Is(err, advisory.ErrNotHeld), errors.Is(err, advisory.ErrLockLost):
 		return "", false
 	case try && errors.Is(err, advisory.ErrNotAcquired):
@@ -191,6 +197,10 @@ func classifyResult(err error, try, deadline bool) (string, bool) {
 	}
 	return "", false
 }
+
+// ownCancelLost names the outcome of a section whose connection the call's own
+// cancellation closed.
+const ownCancelLost = "lost (own cancellation closed the connection)"
 
 // staleCancel names the outcome described at classifyResult.
 const staleCancel = "STALE CANCEL (57014 with the call's context live)"
