@@ -89,6 +89,13 @@ func TestLockModel(t *testing.T) {
 		{"another acquires before the loss window", false, []Op{
 			op("a", "k", Acquire, 1, 2, OK), op("b", "k", Acquire, 3, 4, OK),
 			op("a", "k", Lost, 5, 9, OK)}},
+		{"a loss seen while the server still holds the key explains a later busy", true, []Op{
+			op("a", "k", Acquire, 1, 2, OK), op("a", "k", Lost, 1, 9, OK), op("b", "k", Acquire, 5, 6, Busy)}},
+		{"a busy after the key was known free is illegal", false, []Op{
+			op("a", "k", Acquire, 1, 2, OK), op("a", "k", Lost, 1, 4, OK), op("b", "k", Acquire, 5, 6, Busy)}},
+		{"a lost with no known end is open to the end of the history", true, []Op{
+			op("a", "k", Acquire, 1, 2, OK), op("a", "k", Lost, 1, 0, Unknown),
+			op("b", "k", Acquire, 5, 6, Busy), op("c", "k", Acquire, 7, 8, OK)}},
 		{"unknown acquire may explain a busy", true, []Op{
 			op("a", "k", Acquire, 1, 0, Unknown), op("b", "k", Acquire, 3, 4, Busy),
 			op("c", "k", Acquire, 5, 6, OK)}},

@@ -96,7 +96,7 @@ func makeLockState(excl bool, ids []int) lockState {
 //     always legal.
 //   - Release OK: the client held the key and no longer does. Any other outcome: it
 //     no longer holds it, whether it did or not.
-//   - Lost: the client no longer holds the key, whether it did or not.
+//   - Lost: the client held the key and no longer does.
 func LockModel() porcupine.Model {
 	return porcupine.Model{
 		Partition: partitionByKey,
@@ -129,7 +129,9 @@ func LockModel() porcupine.Model {
 				}
 				return true, without()
 			case Lost:
-				return true, without()
+				// Only after the acquisition it ends: else a Lost overlapping its
+				// acquisition could be placed first and end nothing.
+				return holds, without()
 			}
 			return false, s
 		},
