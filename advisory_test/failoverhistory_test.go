@@ -53,8 +53,8 @@ func TestFailoverHistoryLinearizable(t *testing.T) {
 				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				a := beginAttempt(rec, fmt.Sprintf("w%d/%d", w, i), []keys.Key{k}, false)
 				fn := func(ctx context.Context, conn *pgx.Conn) error {
-					a.acquired()
-					defer a.releasing()
+					a.Acquired()
+					defer a.Releasing()
 					_, err := conn.Exec(ctx, "SELECT pg_sleep(0.001)")
 					return err
 				}
@@ -65,15 +65,15 @@ func TestFailoverHistoryLinearizable(t *testing.T) {
 					err = l.WithLock(cctx, k, nil, fn)
 				}
 				cancel()
-				if err != nil && a.got {
-					a.lost(0) // the section failed: its session may have ended at any moment
+				if err != nil && a.Held() {
+					a.Lost(0) // the section failed: its session may have ended at any moment
 				}
-				a.released(err == nil)
-				a.failed(attemptOutcome(err))
+				a.Released(err == nil)
+				a.Failed(attemptOutcome(err))
 				switch {
 				case err == nil:
 					ok.Add(1)
-				case !a.got && attemptOutcome(err) == history.Busy:
+				case !a.Held() && attemptOutcome(err) == history.Busy:
 				default:
 					failed.Add(1)
 					time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond) // back-off while no primary answers

@@ -35,11 +35,11 @@ func TestNetCutHeartbeatDetectsLoss(t *testing.T) {
 	holdA := beginAttempt(rec, "hold", []keys.Key{holdKey}, false)
 	entered, result := startHold(ctx, l, []keys.Key{holdKey})
 	await(t, entered, "the Hold callback to start")
-	holdA.acquired()
+	holdA.Acquired()
 	lockA := beginAttempt(rec, "handle", []keys.Key{lockKey}, false)
 	h, err := l.Lock(ctx, lockKey, nil)
 	require.NoError(t, err)
-	lockA.acquired()
+	lockA.Acquired()
 	t.Cleanup(func() { _ = h.Unlock(context.Background()) })
 	doneAt := make(chan time.Time, 1)
 	go func() {
@@ -81,23 +81,23 @@ func TestNetCutHeartbeatDetectsLoss(t *testing.T) {
 		a := beginAttempt(rec, "probe "+k.String(), []keys.Key{k}, false)
 		err := direct.TryWithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil })
 		require.ErrorIs(t, err, advisory.ErrNotAcquired, "the server still holds %v", k)
-		a.failed(history.Busy)
+		a.Failed(history.Busy)
 	}
 	// End the partition with a reset: the sessions end and the keys are free.
 	proxy.CloseCut()
 	awaitLocks(t, ctx, admin, "the server to release the keys", func(ls []advisory.LockInfo) bool { return len(ls) == 0 },
 		holdKey, lockKey)
 	freed := history.Now()
-	holdA.lost(freed)
-	lockA.lost(freed)
+	holdA.Lost(freed)
+	lockA.Lost(freed)
 	after := beginAttempt(rec, "after", []keys.Key{holdKey, lockKey}, false)
 	err = direct.WithLockAll(ctx, []keys.Key{holdKey, lockKey}, nil, func(context.Context, *pgx.Conn) error {
-		after.acquired()
-		after.releasing()
+		after.Acquired()
+		after.Releasing()
 		return nil
 	})
 	require.NoError(t, err)
-	after.released(true)
+	after.Released(true)
 	history.Check(t, history.LockModel(), rec.Ops())
 }
 

@@ -83,13 +83,13 @@ func TestHelperProcess(t *testing.T) {
 	insert := "INSERT INTO " + spec.Ledger + " (key, proc, g, started_at, stuck) VALUES ($1, $2, $3, clock_timestamp(), $4) RETURNING id"
 	update := "UPDATE " + spec.Ledger + " SET ended_at = clock_timestamp() WHERE id = $1"
 	section := func(g, i int, key int64) error {
-		var a *attempt
+		var a *history.Attempt
 		if rec != nil {
 			a = beginAttempt(rec, fmt.Sprintf("%s/g%d", spec.Proc, g), []keys.Key{keys.Int64(key)}, false)
 		}
 		err := l.WithLock(ctx, keys.Int64(key), nil, func(ctx context.Context, conn *pgx.Conn) error {
-			a.acquired()
-			defer a.releasing()
+			a.Acquired()
+			defer a.Releasing()
 			stuck := g == 0 && i == spec.StuckAt
 			var id int64
 			// Entry and exit are separate statements, so the recorded interval lies
@@ -104,8 +104,8 @@ func TestHelperProcess(t *testing.T) {
 			_, err := conn.Exec(ctx, update, id)
 			return err
 		})
-		a.released(err == nil)
-		a.failed(history.Unknown)
+		a.Released(err == nil)
+		a.Failed(history.Unknown)
 		return err
 	}
 

@@ -368,19 +368,19 @@ func runRandomOp(parent context.Context, rng *rand.Rand, l *advisory.Locker, can
 	// The history: the acquisition returns when its section starts, the release starts
 	// when the section ends; a section whose lock may have gone inside it records a
 	// Lost. a is set before the call.
-	var a *attempt
+	var a *history.Attempt
 	// section runs work inside the exclusion record. closed reports whether the lock's
 	// connection has closed; xact says whether q is a transaction.
 	section := func(op string, ks []keys.Key, shared bool, q sectionConn, closed func() bool, xact bool) error {
-		a.acquired()
+		a.Acquired()
 		s := excl.enter(op, ks, shared)
 		err := work(ctx, q)
 		lockGone := (closed != nil && closed()) || (xact && err != nil)
 		excl.exit(s, ks, lockGone)
 		if lockGone {
-			a.lost(0)
+			a.Lost(0)
 		}
-		a.releasing()
+		a.Releasing()
 		return err
 	}
 
@@ -432,14 +432,14 @@ func runRandomOp(parent context.Context, rng *rand.Rand, l *advisory.Locker, can
 		if err == nil {
 			_ = section(op, subset, shared, nil, nil, false)
 			err = h.Unlock(ctx)
-			a.released(err == nil)
+			a.Released(err == nil)
 		}
 	case 8:
 		op = "Hold"
 		err = l.HoldAll(ctx, subset, opts, func(ctx context.Context) error {
-			a.acquired()
+			a.Acquired()
 			s := excl.enter(op, subset, shared)
-			defer a.releasing()
+			defer a.Releasing()
 			defer excl.exit(s, subset, false)
 			select {
 			case <-ctx.Done(): // the caller's cancellation reaches the callback
@@ -452,8 +452,8 @@ func runRandomOp(parent context.Context, rng *rand.Rand, l *advisory.Locker, can
 	if cancelRequest {
 		op += " (cancel-request handler)"
 	}
-	a.released(err == nil)
-	a.failed(attemptOutcome(err))
+	a.Released(err == nil)
+	a.Failed(attemptOutcome(err))
 	result, ok := classifyResult(err, try, deadline)
 	if !ok {
 		out.bad(op, err)

@@ -40,13 +40,13 @@ func TestRestartEveryHolderLoses(t *testing.T) {
 	// Two Hold callbacks (one multi-key) and two handles (one shared, one multi-key).
 	holdKeys := [][]keys.Key{{int64Key(t)}, {int64Key(t), pairKey(t)}}
 	rec := history.NewRecorder("test", nil)
-	var attempts []*attempt
+	var attempts []*history.Attempt
 	var results []<-chan holdResult
 	for i, ks := range holdKeys {
 		a := beginAttempt(rec, fmt.Sprint("hold", i), ks, false)
 		entered, result := startHold(ctx, l, ks)
 		await(t, entered, "a Hold callback to start")
-		a.acquired()
+		a.Acquired()
 		attempts = append(attempts, a)
 		results = append(results, result)
 	}
@@ -54,11 +54,11 @@ func TestRestartEveryHolderLoses(t *testing.T) {
 	a1 := beginAttempt(rec, "handle1", []keys.Key{sharedKey}, true)
 	h1, err := l.Lock(ctx, sharedKey, &advisory.Options{Shared: true})
 	require.NoError(t, err)
-	a1.acquired()
+	a1.Acquired()
 	a2 := beginAttempt(rec, "handle2", multi, false)
 	h2, err := l.LockAll(ctx, multi, nil)
 	require.NoError(t, err)
-	a2.acquired()
+	a2.Acquired()
 	attempts = append(attempts, a1, a2)
 	handles := []*advisory.Lock{h1, h2}
 	doneAt := make(chan time.Time, len(handles))
@@ -82,7 +82,7 @@ func TestRestartEveryHolderLoses(t *testing.T) {
 	cancel()
 	restarted := time.Since(t0)
 	for _, a := range attempts {
-		a.lost(history.Now()) // every session of the old server has ended
+		a.Lost(history.Now()) // every session of the old server has ended
 	}
 
 	var detect []time.Duration
@@ -126,10 +126,10 @@ func TestRestartEveryHolderLoses(t *testing.T) {
 	// Every key the old server held is free on the new one.
 	again := beginAttempt(rec, "after", all, false)
 	require.NoError(t, l.TryWithLockAll(ctx, all, nil, func(context.Context, *pgx.Conn) error {
-		again.acquired()
-		again.releasing()
+		again.Acquired()
+		again.Releasing()
 		return nil
 	}))
-	again.released(true)
+	again.Released(true)
 	history.Check(t, history.LockModel(), rec.Ops())
 }

@@ -270,3 +270,44 @@ func (s *syncBuffer) Bytes() []byte {
 	defer s.mu.Unlock()
 	return s.b.Bytes()
 }
+
+// An Attempt records an Acquire and a Release per key, a Lost from the acquisition's
+// call, once each and in order; a multi-key Busy becomes Unknown; nil records nothing.
+func TestAttempt(t *testing.T) {
+	r := NewRecorder("p", nil)
+	a := r.Attempt("c1", []string{"k1", "k2"}, true)
+	a.Releasing() // out of order: nothing
+	a.Acquired()
+	a.Acquired()
+	a.Lost(0)
+	a.Releasing()
+	a.Released(false)
+	a.Released(true)
+	a.Lost(0) // after the release: nothing
+	assert.True(t, a.Held())
+	b := r.Attempt("c2", []string{"k1", "k2"}, false)
+	b.Failed(Busy)
+	b.Released(true) // never held: nothing
+	c := r.Attempt("c3", []string{"k1"}, false)
+	c.Failed(Busy)
+	var none *Attempt
+	none.Acquired()
+	none.Lost(0)
+	none.Released(true)
+	assert.False(t, none.Held())
+
+	var got []string
+	for _, o := range r.Ops() {
+		got = append(got, fmt.Sprintf("%s %s %s %s shared=%v", o.Client, o.Key, o.Kind, o.Outcome, o.Shared))
+	}
+	assert.Equal(t, []string{
+		"c1 k1 acquire ok shared=true", "c1 k2 acquire ok shared=true",
+		"c1 k1 lost unknown shared=false", "c1 k2 lost unknown shared=false",
+		"c1 k1 release unknown shared=false", "c1 k2 release unknown shared=false",
+		"c2 k1 acquire unknown shared=false", "c2 k2 acquire unknown shared=false",
+		"c3 k1 acquire busy shared=false",
+	}, got)
+	ops := r.Ops()
+	assert.Equal(t, ops[0].Call, ops[2].Call, "a Lost starts at the acquisition's call")
+	assert.Equal(t, porcupine.Ok, Run(LockModel(), ops, CheckTimeout).Result)
+}
