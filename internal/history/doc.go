@@ -10,7 +10,8 @@
 // one machine merge exactly. A recorder given a writer streams every operation as JSON
 // lines twice, when it is called and when it returns, so a process killed mid-operation
 // still leaves its call behind; [ReadFile] merges such a file, keeping the last line of
-// each operation.
+// each operation. [Recorder.Attempt] records one acquisition and what followed it
+// (acquired or failed, lost, released) in the steps a lock API exposes.
 //
 // # Unknown outcomes
 //
