@@ -36,9 +36,9 @@ func TestPgBouncerXactLockBatch(t *testing.T) {
 	// Held through the bouncer while the batch runs: a reader sees the key
 	// held by the backend that runs the batch.
 	batch := &pgx.Batch{}
-	batch.Queue("INSERT INTO "+table+" (id, pid) VALUES (1, pg_backend_pid())")
+	batch.Queue("INSERT INTO " + table + " (id, pid) VALUES (1, pg_backend_pid())")
 	var holders int
-	batch.Queue(`SELECT count(*) FROM pg_locks l JOIN `+table+` r ON r.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted`).
+	batch.Queue(`SELECT count(*) FROM pg_locks l JOIN ` + table + ` r ON r.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted`).
 		QueryRow(func(row pgx.Row) error { return row.Scan(&holders) })
 	require.NoError(t, lb.WithXactLockBatch(ctx, []keys.Key{k, k2}, nil, batch))
 	assert.Equal(t, 2, holders, "both keys held by the batch's backend")
@@ -50,7 +50,7 @@ func TestPgBouncerXactLockBatch(t *testing.T) {
 	h, err := ld.Lock(ctx, k2, nil)
 	require.NoError(t, err)
 	insert := &pgx.Batch{}
-	insert.Queue("INSERT INTO "+table+" (id, pid) VALUES (2, 0)")
+	insert.Queue("INSERT INTO " + table + " (id, pid) VALUES (2, 0)")
 	err = lb.TryWithXactLockBatch(ctx, []keys.Key{k, k2}, nil, insert)
 	require.ErrorIs(t, err, advisory.ErrNotAcquired)
 	err = lb.WithXactLockBatch(ctx, []keys.Key{k2}, &advisory.Options{Timeout: 50 * time.Millisecond}, insert)
@@ -60,14 +60,14 @@ func TestPgBouncerXactLockBatch(t *testing.T) {
 	require.NoError(t, h.Unlock(ctx))
 
 	// A failed statement keeps nothing.
-	insert.Queue("INSERT INTO "+table+" (id, pid) VALUES (1, 0)") // duplicate id
+	insert.Queue("INSERT INTO " + table + " (id, pid) VALUES (1, 0)") // duplicate id
 	err = lb.WithXactLockBatch(ctx, []keys.Key{k}, nil, insert)
 	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
 	assert.Equal(t, 1, count())
 
 	// And the bouncer's server connections are usable afterwards.
 	insert = &pgx.Batch{}
-	insert.Queue("INSERT INTO "+table+" (id, pid) VALUES (3, 0)")
+	insert.Queue("INSERT INTO " + table + " (id, pid) VALUES (3, 0)")
 	require.NoError(t, lb.TryWithXactLockBatch(ctx, []keys.Key{k}, nil, insert))
 	assert.Equal(t, 2, count())
 	assert.Zero(t, pool.Stat().AcquiredConns())
