@@ -183,7 +183,7 @@ func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options
 			sp.released(nil)
 			return err
 		}
-		if x.begun || retried || !diedIdle(ctx, wctx, c) || !nothingRan(err) {
+		if retried || !diedIdle(ctx, wctx, c) || !nothingRan(err) {
 			if _, isLock := err.(*LockError); isLock {
 				sp.acquired(err)
 			} else {
@@ -191,8 +191,9 @@ func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options
 			}
 			return err
 		}
-		// The pooled connection was dead before we used it: its backend
-		// answered nothing, not even BEGIN. Once more, on a fresh one.
+		// The pooled connection was dead before we used it: the server
+		// failed the pipeline before the lock's answer (so before COMMIT),
+		// or nothing was sent. Once more, on a fresh one.
 		if c, err = l.repin(wctx, c); err != nil {
 			err = &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 			sp.acquired(err)
@@ -201,10 +202,11 @@ func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options
 	}
 }
 
-// nothingRan reports whether err, from a pipeline whose BEGIN got no
-// answer, shows that the server ran none of it: the server itself said so
-// (a backend that was terminated while idle answers with its FATAL error
-// before reading anything), or nothing was sent.
+// nothingRan reports whether err, from a pipeline whose lock statement got
+// no answer, shows that nothing of it is kept: the server said so itself
+// (its answers come in order, so an error before the lock's answer came
+// before COMMIT's: a backend that was terminated while idle answers with
+// its FATAL error), or nothing was sent.
 func nothingRan(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) || pgconn.SafeToRetry(err)
@@ -221,7 +223,6 @@ type batchAttempt struct {
 	try       bool
 
 	// Set by the result handlers, in pipeline order.
-	begun     bool         // BEGIN answered
 	locked    bool         // every lock statement answered: the keys were held
 	committed bool         // COMMIT answered COMMIT
 	readErr   *ReaderError // the first reader error
@@ -242,9 +243,7 @@ func (x *batchAttempt) run(b *pgx.Batch) error {
 	// the server alone (lock_timeout), as it bounds only the lock wait: the
 	// results arrive together at the end, so the client cannot tell the
 	// wait from b's statements.
-	cctx, stopCancel := cancelOnly(ctx)
-	defer stopCancel()
-	w := x.l.waitFor(cctx, pg)
+	w := x.l.waitFor(cancelView{ctx}, pg)
 	defer w.stop()
 	// The wait's bound becomes the transaction's lock_timeout between the
 	// save and the restore; several keys share it (see keySet.queue).
@@ -258,7 +257,7 @@ func (x *batchAttempt) run(b *pgx.Batch) error {
 	}
 
 	p := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, b.Len()+8)}
-	p.Queue("begin").Exec(func(pgconn.CommandTag) error { x.begun = true; return nil })
+	p.Queue("begin")
 	if timeout != "" {
 		p.Queue(sqlSetTimeout, timeout)
 	}
@@ -365,14 +364,18 @@ func (x *batchAttempt) queueCallers(p, b *pgx.Batch) {
 	}
 }
 
-// cancelOnly returns a context that ends, with ctx's cause, when ctx ends,
-// and has no deadline of its own: a watcher on it (waitFor) sends a cancel
-// request whichever way ctx ended. stop releases it.
-func cancelOnly(ctx context.Context) (context.Context, func()) {
-	if ctx.Done() == nil {
-		return ctx, func() {}
+// cancelView is ctx without its deadline, ended as cancelled whichever way
+// ctx ends: a watcher on it (waitFor) sends a cancel request when ctx's
+// deadline passes too, where for a lock wait it leaves that to the
+// server's lock_timeout. Its Done channel is ctx's, so context.AfterFunc
+// registers on ctx directly, with no goroutine.
+type cancelView struct{ context.Context }
+
+func (cancelView) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+func (c cancelView) Err() error {
+	if c.Context.Err() != nil {
+		return context.Canceled
 	}
-	c, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
-	return c, func() { stop(); cancel(nil) }
+	return nil
 }
