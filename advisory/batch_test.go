@@ -383,3 +383,50 @@ func TestXactLockBatchBadInput(t *testing.T) {
 	assert.ErrorIs(t, l.TryWithXactLockBatch(ctx, nil, nil, &pgx.Batch{}), advisory.ErrInvalid)
 	assert.ErrorIs(t, l.WithXactLockBatch(ctx, []keys.Key{{}}, nil, &pgx.Batch{}), advisory.ErrInvalid)
 }
+
+// A context that ends while the batch's own statements run (the locks are
+// held): a cancel request stops the statement, whichever way ctx ended
+// (a deadline too: it is not a lock timeout), and nothing is kept; the
+// connection is kept.
+func TestXactLockBatchContextEndsDuringWrites(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, nil)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{})
+	pid := connPID(ctx, t, pool)
+	p := newProbe(t)
+	k := key(t)
+	sleeping := func() bool {
+		var n int
+		require.NoError(t, p.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND query LIKE '%pg_sleep%' AND state = 'active'", pid).Scan(&n))
+		return n == 1
+	}
+	slow := func() *pgx.Batch {
+		b := writes(table, 1)
+		b.Queue("SELECT pg_sleep(60)")
+		return b
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- l.WithXactLockBatch(cctx, []keys.Key{k}, nil, slow()) }()
+	require.Eventually(t, sleeping, 20*time.Second, 5*time.Millisecond)
+	cancel()
+	err := <-done
+	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+	require.ErrorIs(t, err, context.Canceled)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	assert.Equal(t, "57014", pgErr.Code)
+
+	dctx, dcancel := context.WithTimeout(ctx, time.Second)
+	defer dcancel()
+	err = l.WithXactLockBatch(dctx, []keys.Key{k}, nil, slow())
+	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.NotErrorIs(t, err, advisory.ErrLockTimeout, "the lock was held: not a lock timeout")
+
+	assert.Zero(t, rowCount(ctx, t, pool, table))
+	assert.True(t, p.free(ctx, k, false))
+	assert.Equal(t, pid, connPID(ctx, t, pool), "the statement was cancelled on the server: connection kept")
+}
