@@ -66,7 +66,9 @@ import (
 //     ErrNoConnection or ErrInvalid (nil b, bad keys): nothing of b ran to
 //     completion and nothing is kept;
 //   - an error matching pooltx.ErrNotCommitted: a statement of b, or
-//     COMMIT, failed (its *pgconn.PgError is in the chain), or ctx ended
+//     COMMIT, failed (its *pgconn.PgError is in the chain), or pgx refused
+//     b before running any of it (a pgx.ErrPreprocessingBatch: a statement
+//     that does not parse, an argument it cannot encode), or ctx ended
 //     while the locks were held (ctx's error is in the chain); nothing is
 //     kept;
 //   - an error matching pooltx.ErrCommitUnknown: the pipeline was sent and
@@ -316,10 +318,12 @@ func (x *batchAttempt) failed(err error) error {
 	var pre pgx.ErrPreprocessingBatch
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pre) && !c.Conn().IsClosed():
-		// pgx refused b before executing anything (a statement that does
-		// not parse, an argument it cannot encode).
-		_ = c.Rollback(ctx)
+	case errors.As(err, &pre):
+		// pgx refused b before executing anything: a statement that does
+		// not parse (prepared, and synced, before any runs), or an argument
+		// it cannot encode (found before the pipeline is flushed; pgx then
+		// closes the connection, unsent).
+		_ = c.Rollback(ctx) // a closed connection: marked dirty
 		return fmt.Errorf("%w: %w", pooltx.ErrNotCommitted, err)
 	case errors.As(err, &pgErr) || pgconn.SafeToRetry(err):
 		// The server failed a statement before COMMIT answered (an answer

@@ -430,3 +430,33 @@ func TestXactLockBatchContextEndsDuringWrites(t *testing.T) {
 	assert.True(t, p.free(ctx, k, false))
 	assert.Equal(t, pid, connPID(ctx, t, pool), "the statement was cancelled on the server: connection kept")
 }
+
+// A batch pgx refuses before running it (a statement that does not parse,
+// an argument it cannot encode) runs and keeps nothing; the lock is not
+// left behind, and the connection stays usable.
+func TestXactLockBatchRefusedByPgx(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, nil)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{})
+	k := key(t)
+	p := newProbe(t)
+
+	bad := writes(table, 1)
+	bad.Queue("SELEC 1")
+	err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, bad)
+	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	assert.Equal(t, "42601", pgErr.Code)
+
+	bad = writes(table, 1)
+	bad.Queue("SELECT $1::int", make(chan int))
+	err = l.WithXactLockBatch(ctx, []keys.Key{k}, nil, bad)
+	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+
+	assert.Zero(t, rowCount(ctx, t, pool, table))
+	assert.True(t, p.free(ctx, k, false))
+	require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, writes(table, 1)))
+	assert.Equal(t, 3, rowCount(ctx, t, pool, table))
+}
