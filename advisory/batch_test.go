@@ -460,3 +460,19 @@ func TestXactLockBatchRefusedByPgx(t *testing.T) {
 	require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, writes(table, 1)))
 	assert.Equal(t, 3, rowCount(ctx, t, pool, table))
 }
+
+// A context that ends once the server has run the pipeline (here, in a
+// reader: readers run after COMMIT) does not turn a commit into an error.
+func TestXactLockBatchCommittedBeforeCancelReturnsNil(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, nil)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{})
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	b := writes(table, 1)
+	b.QueuedQueries[2].Exec(func(pgconn.CommandTag) error { cancel(); return nil })
+	require.NoError(t, l.WithXactLockBatch(cctx, []keys.Key{key(t)}, nil, b))
+	assert.Equal(t, 3, rowCount(ctx, t, pool, table))
+	pgtest.AssertNoAdvisoryLocks(t, pool)
+}
