@@ -35,9 +35,11 @@ import (
 // transaction is rolled back (one more round trip, with the reset): nothing
 // of b is kept and every key is released. A nil error means committed.
 //
-// Readers run after the server has run the whole pipeline, COMMIT included,
-// so a reader's error cannot undo the transaction: it is returned as a
-// *ReaderError, and the transaction was committed all the same. Readers see
+// Readers run as the results arrive, when the whole pipeline, COMMIT
+// included, has been sent (the server sends its answers at the end, unless
+// they outgrow its output buffer), so a reader's error cannot stop the
+// COMMIT: it is returned as a *ReaderError, and the transaction was
+// committed all the same. Readers see
 // results before the call knows whether COMMIT succeeded: act on what they
 // read only when the call returns nil or a *ReaderError. (Sending COMMIT
 // after the readers would let them veto it, at the cost of a second round
@@ -63,7 +65,8 @@ import (
 //   - nil: committed; every reader returned nil;
 //   - a *ReaderError: committed; a reader returned an error;
 //   - a *LockError matching ErrLockTimeout, ErrDeadlock, ErrTooManyLocks,
-//     ErrNoConnection or ErrInvalid (nil b, bad keys): nothing of b ran to
+//     ErrNoConnection or ErrInvalid (nil b, bad keys), or holding ctx's
+//     error when ctx was cancelled during the wait: nothing of b ran to
 //     completion and nothing is kept;
 //   - an error matching pooltx.ErrNotCommitted: a statement of b, or
 //     COMMIT, failed (its *pgconn.PgError is in the chain), or pgx refused
