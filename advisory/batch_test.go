@@ -476,3 +476,18 @@ func TestXactLockBatchCommittedBeforeCancelReturnsNil(t *testing.T) {
 	assert.Equal(t, 3, rowCount(ctx, t, pool, table))
 	pgtest.AssertNoAdvisoryLocks(t, pool)
 }
+
+// A dead idle connection from the pool (its backend terminated) ran none
+// of the pipeline: the call retries once on a fresh connection, and the
+// writes are committed once.
+func TestXactLockBatchRetriesDeadIdleConnection(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, nil)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{})
+	pid := connPID(ctx, t, pool)
+	killIdle(ctx, t, pool, pgtest.Pool(t))
+	require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{key(t)}, nil, writes(table, 1)))
+	assert.Equal(t, 3, rowCount(ctx, t, pool, table))
+	assert.NotEqual(t, pid, connPID(ctx, t, pool))
+}
