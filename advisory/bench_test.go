@@ -319,4 +319,13 @@ func BenchmarkPaired(b *testing.B) {
 			impl{"advisory-1key", func(ctx context.Context) error { return one.l.WithLockAll(ctx, k1, nil, noopSession) }},
 			impl{"advisory", func(ctx context.Context) error { return adv.l.WithLockAll(ctx, ks, nil, noopSession) }})
 	})
+	b.Run("op=XactBatch3", func(b *testing.B) { // see bench_batch_test.go
+		raw, batch, callback := newBenchEnv(b), newBenchEnv(b), newBenchEnv(b)
+		write := threeWrites(writeTable(b, raw.pool))
+		_, vals := benchKeys(b, 1)
+		paired(b,
+			impl{"raw-pipeline", func(ctx context.Context) error { return rawXactBatch3(ctx, raw.pool, vals[0], write) }},
+			impl{"advisory-batch", batch.xactBatch3(key(b), write)},
+			impl{"advisory-callback", callback.xactCallback3(key(b), write)})
+	})
 }

@@ -25,6 +25,13 @@
 // (per-tenant serialisation of writes): nothing to unlock, nothing to leak.
 // Prefer them whenever the critical section is one transaction.
 //
+// When the statements are known up front, [Locker.WithXactLockBatch] sends
+// BEGIN, the lock, a caller's pgx.Batch, COMMIT and the session's reset as
+// one pipeline, in one round trip; a busy key ([Locker.TryWithXactLockBatch]),
+// a lock timeout or a failed statement stops the pipeline on the server, so
+// none of the batch is kept. Its readers run after COMMIT was sent and
+// cannot undo it.
+//
 // A transaction lock ends with the first error in its transaction, not at
 // ROLLBACK: PostgreSQL aborts the transaction, and releases its locks, the
 // moment a statement fails. A callback that catches a database error and

@@ -54,6 +54,13 @@ func evaluateTargets(res *Results) []Target {
 		add("xact helper vs raw pipelined [BEGIN+lock]; COMMIT (mean, paired)", "<= 1.05x", fmt.Sprintf("%.3fx", r.PairedRatio), yesNo(r.PairedRatio <= 1.05))
 		add("xact helper vs raw pipelined [BEGIN+lock]; COMMIT (p50)", "<= 1.05x", fmt.Sprintf("%.3fx", r.P50Ratio), yesNo(r.P50Ratio <= 1.05))
 	}
+	if r, cb := findUC(res, "xact batch (3 writes)", pgxlockXactBatch3.Name), findUC(res, "xact batch (3 writes)", pgxlockWithXactLock3.Name); r != nil && cb != nil {
+		add("xact batch, 3 writes, vs the same pipeline by hand (mean, paired)", "<= 1.05x", fmt.Sprintf("%.3fx", r.PairedRatio), yesNo(r.PairedRatio <= 1.05))
+		add("xact batch, 3 writes, vs the callback form (mean, paired)", "<= 0.6x", fmt.Sprintf("%.3fx", r.PairedRatio/cb.PairedRatio), yesNo(r.PairedRatio/cb.PairedRatio <= 0.6))
+		if rr := findUC(res, "xact batch (3 writes)", rawXactBatch3Reset.Name); rr != nil {
+			add("xact batch, 3 writes, vs the same pipeline by hand with the session reset (mean, paired)", "n/a (context)", fmt.Sprintf("%.3fx", r.PairedRatio/rr.PairedRatio), "n/a")
+		}
+	}
 	for _, g := range []struct{ group, row string }{
 		{"multi-key session (10 keys)", pgxlockWithLockAll.Name + " (10 keys)"},
 		{"multi-key xact (10 keys)", pgxlockWithXactLockAll.Name + " (10 keys)"},

@@ -24,7 +24,7 @@ func TestQuickSmoke(t *testing.T) {
 	defer cancel()
 	res, err := Run(ctx, Config{
 		Quick: true,
-		Only: []string{"uncontended:session", "uncontended:xact helper", "uncontended:lease",
+		Only: []string{"uncontended:session", "uncontended:xact helper", "uncontended:xact batch", "uncontended:lease",
 			"contention:1 key(s), 32 goroutines, pool 10", "unrelated"},
 		Log: testLog{t},
 	})
@@ -34,6 +34,7 @@ func TestQuickSmoke(t *testing.T) {
 	wantRT := map[string]float64{
 		pgxlockWithLock.Name: 2, rawLockUnlock.Name: 2, pgxlockWithXactLock.Name: 2,
 		rawXactPipelined.Name: 2, rawXactNaive.Name: 3, pgxlockColumnLease.Name: 2, pgxlockManagerLease.Name: 2,
+		pgxlockXactBatch3.Name: 1, rawXactBatch3.Name: 1, rawXactBatch3Reset.Name: 1, pgxlockWithXactLock3.Name: 5,
 	}
 	seen := 0
 	for _, r := range res.Uncontended {

@@ -73,6 +73,8 @@ func uncontendedGroups() []ucGroup {
 			pgxlockTryWithLock, rawTryUnlock, redislockTry, redsyncTry, etcdTry)},
 		{Name: "xact helper", Baseline: rawXactPipelined.Name, Rows: one(
 			pgxlockWithXactLock, rawXactPipelined, rawXactNaive)},
+		{Name: "xact batch (3 writes)", Baseline: rawXactBatch3.Name, Rows: one( // batch.go
+			pgxlockXactBatch3, rawXactBatch3, rawXactBatch3Reset, pgxlockWithXactLock3)},
 		{Name: "multi-key session (10 keys)", Baseline: pgxlockWithLock.Name, Rows: []ucRow{
 			{C: pgxlockWithLock, NKeys: 1}, {C: pgxlockWithLockAll, NKeys: 10},
 			{C: rawLockUnlock, NKeys: 1}, {C: rawLockMany, NKeys: 10}}},

@@ -1,0 +1,388 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgxlock/pgxlock/keys"
+	"github.com/pgxlock/pgxlock/pooltx"
+)
+
+// WithXactLockBatch runs the statements of b in one transaction that holds
+// every key of ks (sorted and de-duplicated, as for WithXactLockAll), all in
+// one round trip: BEGIN, the wait's lock_timeout, the lock statement(s), the
+// lock_timeout set back to the connection's default, b's statements in
+// order, COMMIT, and pooltx's reset of the session travel as one pipeline.
+// It is the form of "lock the tenant, write a few rows, commit" that costs
+// what the same pipeline written by hand costs; WithXactLock costs two round
+// trips plus one per statement of its callback.
+//
+// It takes a *pgx.Batch, as pgx.Conn.SendBatch does, because that is how
+// pgx sends statements whose text and arguments are known up front, and how
+// their results are read: attach readers with QueuedQuery.Query, QueryRow
+// or Exec; they run in order as the results arrive. b is read, not changed
+// or sent: it may be reused. b must not begin or end a transaction itself
+// (Batch.BeginTx, BEGIN, COMMIT, ROLLBACK): its statements must run inside
+// the one the call opens.
+//
+// All or nothing: when a lock cannot be taken or any statement of b fails,
+// the server skips everything after it, COMMIT included, and the
+// transaction is rolled back (one more round trip, with the reset): nothing
+// of b is kept and every key is released. A nil error means committed.
+//
+// Readers run as the results arrive, when the whole pipeline, COMMIT
+// included, has been sent (the server sends its answers at the end, unless
+// they outgrow its output buffer), so a reader's error cannot stop the
+// COMMIT: it is returned as a *ReaderError, and the transaction was
+// committed all the same. Readers see
+// results before the call knows whether COMMIT succeeded: act on what they
+// read only when the call returns nil or a *ReaderError. (Sending COMMIT
+// after the readers would let them veto it, at the cost of a second round
+// trip; WithXactLock is that form.) When a statement fails, its failure is
+// the call's error: the readers after it are not called, and the errors of
+// those before it are not reported (what they read was rolled back). A
+// reader that panics destroys the connection; the panic is re-raised.
+//
+// ctx governs the wait for a connection and the whole pipeline: when ctx
+// ends while the pipeline runs, a cancel request stops the statement that
+// is running (a lock wait, or one of b's) and the transaction is rolled
+// back; if the server does not stop within half a second the connection is
+// closed and destroyed. A pipeline that had already committed when the
+// cancellation arrived returns nil. The call's timeout (Options.Timeout,
+// Config.LockTimeout) and ctx's deadline bound the lock wait on the server
+// (lock_timeout, all keys together, as for WithXactLockAll); b's statements
+// run with the connection's default lock_timeout. After the call the pooled
+// connection holds no advisory lock and no setting b changed (a SET,
+// SET search_path included, or a session-level lock): the reset rides in
+// the pipeline after COMMIT, or after the rollback.
+//
+// It returns:
+//   - nil: committed; every reader returned nil;
+//   - a *ReaderError: committed; a reader returned an error;
+//   - a *LockError matching ErrLockTimeout, ErrDeadlock, ErrTooManyLocks,
+//     ErrNoConnection or ErrInvalid (nil b, bad keys), or holding ctx's
+//     error when ctx was cancelled during the wait: nothing of b ran to
+//     completion and nothing is kept;
+//   - an error matching pooltx.ErrNotCommitted: a statement of b, or
+//     COMMIT, failed (its *pgconn.PgError is in the chain), or pgx refused
+//     b before running any of it (a pgx.ErrPreprocessingBatch: a statement
+//     that does not parse, an argument it cannot encode), or ctx ended
+//     while the locks were held (ctx's error is in the chain); nothing is
+//     kept;
+//   - an error matching pooltx.ErrCommitUnknown: the pipeline was sent and
+//     no answer came (the connection failed, or it was closed because the
+//     server did not stop after a cancel request): the transaction may or
+//     may not have committed; the connection was destroyed.
+func (l *Locker) WithXactLockBatch(ctx context.Context, ks []keys.Key, opts *Options, b *pgx.Batch) error {
+	return l.withXactBatch(ctx, ks, opts, false, b)
+}
+
+// TryWithXactLockBatch is WithXactLockBatch without waiting: when a key is
+// busy, the lock statement fails on the server, so that none of b's
+// statements runs and the transaction is rolled back, and the error is a
+// *LockError matching ErrNotAcquired. (pg_try_advisory_xact_lock answers
+// false rather than failing, and in a pipeline the statements after it
+// would run all the same; the call's lock statement divides by the answer,
+// so a false one fails with SQLSTATE 22012, division by zero, whose
+// *pgconn.PgError stays in the chain. No schema object is created.)
+func (l *Locker) TryWithXactLockBatch(ctx context.Context, ks []keys.Key, opts *Options, b *pgx.Batch) error {
+	return l.withXactBatch(ctx, ks, opts, true, b)
+}
+
+// ReaderError reports that a reader attached to a statement of the batch
+// of WithXactLockBatch returned an error. The transaction had been
+// committed by then: a reader cannot undo it.
+type ReaderError struct {
+	// Index is the statement's position in the caller's batch (0-based).
+	Index int
+	// Err is the reader's error.
+	Err error
+}
+
+// Error renders "advisory: committed, but the reader of statement <i>
+// failed: <err>".
+func (e *ReaderError) Error() string {
+	return fmt.Sprintf("advisory: committed, but the reader of statement %d failed: %v", e.Index, e.Err)
+}
+
+// Unwrap returns the reader's error.
+func (e *ReaderError) Unwrap() error { return e.Err }
+
+// tryAbortSQL holds the lock statements of TryWithXactLockBatch, indexed by
+// shared mode: pg_try_advisory_xact_lock whose false answer fails the
+// statement (1 / 0), so that the pipeline stops there. Keys travel as bind
+// parameters; the function is volatile, so the division runs per row, never
+// at plan time. For several keys the order is the keySet's (see sql.go).
+var tryAbortSQL [2]struct{ one1, one2, many1, many2 string }
+
+// codeDivisionByZero is how a refused key of TryWithXactLockBatch fails.
+const codeDivisionByZero = "22012"
+
+func init() {
+	for shared := range 2 {
+		fn := funcNames[kindTryXactLock]
+		if shared == 1 {
+			fn += "_shared"
+		}
+		t := &tryAbortSQL[shared]
+		t.one1 = fmt.Sprintf("SELECT 1 / %s($1)::int", fn)
+		t.one2 = fmt.Sprintf("SELECT 1 / %s($1, $2)::int", fn)
+		t.many1 = fmt.Sprintf("SELECT 1 / %s(k)::int FROM unnest($1::int8[]) WITH ORDINALITY AS u(k, n) ORDER BY n", fn)
+		t.many2 = fmt.Sprintf("SELECT 1 / %s(a, b)::int FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS u(a, b, n) ORDER BY n", fn)
+	}
+}
+
+// queueTryAbort adds the lock statements of a Try batch call for s to b.
+func (s *keySet) queueTryAbort(b *pgx.Batch, shared bool) {
+	t := &tryAbortSQL[b2i(shared)]
+	if len(s.all) == 1 {
+		if v, ok := s.all[0].Int64(); ok {
+			b.Queue(t.one1, v)
+		} else {
+			a, c, _ := s.all[0].Pair()
+			b.Queue(t.one2, a, c)
+		}
+		return
+	}
+	if len(s.ints) > 0 {
+		b.Queue(t.many1, s.ints)
+	}
+	if len(s.as) > 0 {
+		b.Queue(t.many2, s.as, s.bs)
+	}
+}
+
+func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options, try bool, b *pgx.Batch) error {
+	shared := opts.shared()
+	op := opName(xactOp(try), shared)
+	if b == nil {
+		return &LockError{Op: op, Keys: ks, Err: invalid("nil batch")}
+	}
+	s, err := newKeySet(ks, l.cfg.MaxKeys)
+	if err != nil {
+		return &LockError{Op: op, Keys: ks, Err: err}
+	}
+	sp := l.startSpan(ctx, ScopeXact, s.all, shared, try)
+	wctx, stopBound := l.waitBound(ctx, opts, try)
+	defer stopBound()
+	c, t, err := l.pin(wctx, &s, shared, try)
+	if err != nil {
+		err = &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
+		sp.acquired(err)
+		return err
+	}
+	defer func() { l.unpin(c) }()
+	defer t.leave() // idempotent
+
+	for retried := false; ; retried = true {
+		x := batchAttempt{l: l, ctx: ctx, wctx: wctx, c: c, s: &s, op: op, shared: shared, try: try}
+		err = x.run(b)
+		t.leave() // the lock statement is over, whatever its outcome
+		if x.locked {
+			sp.acquired(nil)
+			sp.released(nil)
+			return err
+		}
+		if retried || !diedIdle(ctx, wctx, c) || !nothingRan(err) {
+			if _, isLock := err.(*LockError); isLock {
+				sp.acquired(err)
+			} else {
+				sp.acquired(&LockError{Op: op, Keys: s.all, Err: err})
+			}
+			return err
+		}
+		// The pooled connection was dead before we used it: the server
+		// failed the pipeline before the lock's answer (so before COMMIT),
+		// or nothing was sent. Once more, on a fresh one.
+		if c, err = l.repin(wctx, c); err != nil {
+			err = &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
+			sp.acquired(err)
+			return err
+		}
+	}
+}
+
+// nothingRan reports whether err, from a pipeline whose lock statement got
+// no answer, shows that nothing of it is kept: the server said so itself
+// (its answers come in order, so an error before the lock's answer came
+// before COMMIT's: a backend that was terminated while idle answers with
+// its FATAL error), or nothing was sent.
+func nothingRan(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) || pgconn.SafeToRetry(err)
+}
+
+// batchAttempt is one try of a batch call on one connection.
+type batchAttempt struct {
+	l         *Locker
+	ctx, wctx context.Context
+	c         *pooltx.Conn
+	s         *keySet
+	op        string
+	shared    bool
+	try       bool
+
+	// Set by the result handlers, in pipeline order.
+	locked    bool         // every lock statement answered: the keys were held
+	committed bool         // COMMIT answered COMMIT
+	readErr   *ReaderError // the first reader error
+}
+
+// run sends the pipeline, reads it back and settles the connection: a
+// transaction left open is rolled back with the reset; a connection in
+// doubt is marked dirty.
+func (x *batchAttempt) run(b *pgx.Batch) error {
+	ctx, c := x.ctx, x.c
+	if !x.try && x.wctx.Err() != nil {
+		// Given up before anything was sent: send nothing.
+		return &LockError{Op: x.op, Keys: x.s.all, Err: classify(ctx, context.Cause(x.wctx))}
+	}
+	pg := c.Conn().PgConn()
+	// One watcher covers the whole pipeline: ctx's end (cancellation or
+	// deadline) sends a cancel request. The call's timeout is enforced by
+	// the server alone (lock_timeout), as it bounds only the lock wait: the
+	// results arrive together at the end, so the client cannot tell the
+	// wait from b's statements.
+	w := x.l.waitFor(cancelView{ctx}, pg)
+	defer w.stop()
+	// The wait's bound becomes the transaction's lock_timeout between the
+	// save and the restore; several keys share it (see keySet.queue).
+	timeout, bound := "", time.Duration(0)
+	if d, ok := x.wctx.Deadline(); ok && !x.try {
+		d := max(time.Until(d), time.Millisecond)
+		timeout = formatTimeout(d)
+		if len(x.s.all) > 1 {
+			bound = d
+		}
+	}
+
+	p := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, b.Len()+8)}
+	p.Queue("begin")
+	if timeout != "" {
+		p.Queue(sqlSetTimeout, timeout)
+	}
+	if x.try {
+		x.s.queueTryAbort(p, x.shared)
+	} else {
+		x.s.queue(p, kindXactLock, x.shared, bound, nil)
+	}
+	p.QueuedQueries[p.Len()-1].Exec(func(pgconn.CommandTag) error { x.locked = true; return nil })
+	if timeout != "" {
+		p.Queue(sqlRestoreTimeout)
+	}
+	x.queueCallers(p, b)
+	p.Queue("commit").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() != "COMMIT" {
+			return pgx.ErrTxCommitRollback // the transaction had failed: nothing kept
+		}
+		x.committed = true
+		return nil
+	})
+	c.QueueReset(p) // marks c clean once RESET ALL has answered
+
+	// A reader that panics (or exits its goroutine) leaves the pipeline
+	// half read: the connection is destroyed and the panic goes on.
+	panicked := true
+	defer func() {
+		if panicked {
+			c.MarkDirty(errors.New("advisory: a batch reader panicked"))
+		}
+	}()
+	err := c.Conn().SendBatch(w.ctx, p).Close()
+	panicked = false
+	w.stop()
+	w.settle(c, err) // a cancel request that may be pending makes c unfit for the pool
+	if err == nil {
+		if x.readErr != nil {
+			return x.readErr
+		}
+		return nil
+	}
+	if x.committed {
+		// COMMIT answered; the reset after it did not: c is in doubt.
+		c.MarkDirty(&pooltx.CleanupError{Step: "reset", Err: err})
+		if x.readErr != nil {
+			return x.readErr
+		}
+		return nil
+	}
+	return x.failed(err)
+}
+
+// failed settles c after a pipeline that did not commit (or may have) and
+// returns the call's error for err, the pipeline's.
+func (x *batchAttempt) failed(err error) error {
+	ctx, c := x.ctx, x.c
+	var pre pgx.ErrPreprocessingBatch
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pre):
+		// pgx refused b before executing anything: a statement that does
+		// not parse (prepared, and synced, before any runs), or an argument
+		// it cannot encode (found before the pipeline is flushed; pgx then
+		// closes the connection, unsent).
+		_ = c.Rollback(ctx) // a closed connection: marked dirty
+		return fmt.Errorf("%w: %w", pooltx.ErrNotCommitted, err)
+	case errors.As(err, &pgErr) || pgconn.SafeToRetry(err):
+		// The server failed a statement before COMMIT answered (an answer
+		// to COMMIT would have come before it): the server skipped the rest
+		// and rolled back, or holds an aborted transaction; or nothing was
+		// sent. Roll back whatever is open, with the reset.
+		_ = c.Rollback(ctx)
+	default:
+		// Sent, and no answer: the pipeline may have run to its COMMIT.
+		c.MarkDirty(&pooltx.CleanupError{Step: "commit", Err: err})
+		return join(fmt.Errorf("%w: %w", pooltx.ErrCommitUnknown, err), ctx.Err())
+	}
+	if !x.locked {
+		if x.try && pgErr != nil && pgErr.Code == codeDivisionByZero {
+			return &LockError{Op: x.op, Keys: x.s.all, Err: join(ErrNotAcquired, pgErr, ctx.Err())}
+		}
+		return &LockError{Op: x.op, Keys: x.s.all, Err: classify(ctx, err)}
+	}
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w: %w", pooltx.ErrNotCommitted, join(err, cerr))
+	}
+	return fmt.Errorf("%w: %w", pooltx.ErrNotCommitted, err)
+}
+
+// queueCallers appends copies of b's statements to p, each reader wrapped
+// so that its error is kept as a *ReaderError and does not stop pgx from
+// reading the rest (COMMIT's answer included). A statement's own failure
+// still stops the batch: pgx records it apart from the readers' errors.
+func (x *batchAttempt) queueCallers(p, b *pgx.Batch) {
+	qs := make([]pgx.QueuedQuery, len(b.QueuedQueries))
+	for i, q := range b.QueuedQueries {
+		qs[i] = *q
+		if fn := q.Fn; fn != nil {
+			qs[i].Fn = func(br pgx.BatchResults) error {
+				if err := fn(br); err != nil && x.readErr == nil {
+					x.readErr = &ReaderError{Index: i, Err: err}
+				}
+				return nil
+			}
+		}
+		p.QueuedQueries = append(p.QueuedQueries, &qs[i])
+	}
+}
+
+// cancelView is ctx without its deadline, ended as cancelled whichever way
+// ctx ends: a watcher on it (waitFor) sends a cancel request when ctx's
+// deadline passes too, where for a lock wait it leaves that to the
+// server's lock_timeout. Its Done channel is ctx's, so context.AfterFunc
+// registers on ctx directly, with no goroutine.
+type cancelView struct{ context.Context }
+
+func (cancelView) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+func (c cancelView) Err() error {
+	if c.Context.Err() != nil {
+		return context.Canceled
+	}
+	return nil
+}

@@ -1,0 +1,493 @@
+package advisory_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlock/pgxlock/advisory"
+	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/internal/roundtrip"
+	"github.com/pgxlock/pgxlock/keys"
+	"github.com/pgxlock/pgxlock/pooltx"
+)
+
+// batchTable creates a table "<schema>.rows (id int PRIMARY KEY, v text)" in
+// a schema of the test's own and returns its qualified name.
+func batchTable(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	name := pgx.Identifier{pgtest.Schema(t, pool), "rows"}.Sanitize()
+	_, err := pool.Exec(testCtx(t), "CREATE TABLE "+name+" (id int PRIMARY KEY, v text NOT NULL)")
+	require.NoError(t, err)
+	return name
+}
+
+func rowCount(ctx context.Context, t *testing.T, pool *pgxpool.Pool, table string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n))
+	return n
+}
+
+// writes is a batch of three inserts into table, ids from..from+2.
+func writes(table string, from int) *pgx.Batch {
+	b := &pgx.Batch{}
+	for i := range 3 {
+		b.Queue("INSERT INTO "+table+" (id, v) VALUES ($1, 'x')", from+i)
+	}
+	return b
+}
+
+// onePool is a pool of one connection, so that the next call sees the
+// session the previous one left.
+func onePool(t *testing.T, params map[string]string) *pgxpool.Pool {
+	t.Helper()
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	for k, v := range params {
+		cfg.ConnConfig.RuntimeParams[k] = v
+	}
+	return pgtest.NewPool(t, cfg)
+}
+
+// connPID is the backend PID of the one connection of a onePool.
+func connPID(ctx context.Context, t *testing.T, pool *pgxpool.Pool) uint32 {
+	t.Helper()
+	c, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer c.Release()
+	return c.Conn().PgConn().PID()
+}
+
+func TestXactLockBatchCommitsWritesAndRunsReaders(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, nil)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+	k := key(t)
+	p := newProbe(t)
+
+	b := writes(table, 1)
+	var n int
+	var held bool
+	b.Queue("SELECT count(*) FROM " + table).QueryRow(func(row pgx.Row) error { return row.Scan(&n) })
+	classid, objid, objsubid := k.PgLocks()
+	b.Queue(`SELECT count(*) = 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()
+		AND classid = $1 AND objid = $2 AND objsubid = $3`, classid, objid, objsubid).
+		QueryRow(func(row pgx.Row) error { return row.Scan(&held) })
+	require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b))
+	assert.Equal(t, 3, n, "the reader saw the writes before it")
+	assert.True(t, held, "the statements ran while the key was held")
+	assert.Equal(t, 3, rowCount(ctx, t, pool, table), "committed")
+	assert.True(t, p.free(ctx, k, false), "released with the commit")
+	assert.Equal(t, 5, b.Len(), "the caller's batch is left as it was")
+
+	// b can be sent again: the same statements, now failing on the keys.
+	err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	assert.Equal(t, "23505", pgErr.Code)
+	assert.EqualValues(t, 1, pool.Stat().TotalConns())
+}
+
+// Exactly one round trip once statements are prepared, with or without a
+// timeout, for one key, several keys and the Try form.
+func TestXactLockBatchIsOneRoundTrip(t *testing.T) {
+	ctx := testCtx(t)
+	var counter roundtrip.Counter
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	cfg.ConnConfig.DialFunc = counter.DialFunc
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	pool := pgtest.NewPool(t, cfg)
+	table := batchTable(t, pool)
+	k := key(t)
+	many := []keys.Key{key(t), key(t), keys.Pair(pgtest.UniqueInt32(t), 1), k}
+
+	id := 0
+	measure := func(name string, l *advisory.Locker, call func(l *advisory.Locker, b *pgx.Batch) error) {
+		t.Helper()
+		id += 10
+		require.NoError(t, call(l, writes(table, id))) // prepares statements
+		id += 10
+		counter.Reset()
+		require.NoError(t, call(l, writes(table, id)))
+		assert.EqualValues(t, 1, counter.Count(), name)
+	}
+	for _, timeout := range []time.Duration{0, 5 * time.Second} {
+		l := newLocker(t, pool, advisory.Config{LockTimeout: timeout})
+		measure("one key, timeout "+timeout.String(), l, func(l *advisory.Locker, b *pgx.Batch) error {
+			return l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b)
+		})
+		measure("several keys, timeout "+timeout.String(), l, func(l *advisory.Locker, b *pgx.Batch) error {
+			return l.WithXactLockBatch(ctx, many, nil, b)
+		})
+		measure("try, several keys", l, func(l *advisory.Locker, b *pgx.Batch) error {
+			return l.TryWithXactLockBatch(ctx, many, &advisory.Options{Shared: true}, b)
+		})
+	}
+	assert.Equal(t, id/10*3, rowCount(ctx, t, pool, table))
+}
+
+// A failed statement rolls back everything, the writes before it included;
+// the error matches pooltx.ErrNotCommitted with the PgError in the chain,
+// and the connection goes back to the pool outside any transaction.
+func TestXactLockBatchFailedStatementRollsBackEverything(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, nil)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+	k := key(t)
+	pid := connPID(ctx, t, pool)
+
+	b := writes(table, 1)
+	b.Queue("SET search_path TO pg_catalog")
+	b.Queue("SELECT 1 / 0")
+	readerRan := false
+	b.Queue("SELECT 1").QueryRow(func(pgx.Row) error { readerRan = true; return nil })
+	err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b)
+	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	assert.Equal(t, "22012", pgErr.Code)
+	var lockErr *advisory.LockError
+	assert.False(t, errors.As(err, &lockErr), "the lock was held: not a lock error")
+	assert.False(t, readerRan, "statements after the failure are skipped")
+
+	assert.Zero(t, rowCount(ctx, t, pool, table), "nothing kept")
+	assert.True(t, newProbe(t).free(ctx, k, false))
+	assert.Equal(t, pid, connPID(ctx, t, pool), "the connection was rolled back and kept")
+	var path string
+	require.NoError(t, pool.QueryRow(ctx, "SHOW search_path").Scan(&path))
+	assert.NotEqual(t, "pg_catalog", path)
+}
+
+// A lock timeout is a *LockError matching ErrLockTimeout with the 55P03
+// PgError in the chain; the writes do not run and the connection is kept.
+func TestXactLockBatchLockTimeout(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, map[string]string{"lock_timeout": "7s"})
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{})
+	a, busy := key(t), keys.Pair(pgtest.UniqueInt32(t), 2)
+	hold(ctx, t, false, busy)
+	pid := connPID(ctx, t, pool)
+
+	err := l.WithXactLockBatch(ctx, []keys.Key{busy, a}, &advisory.Options{Timeout: 300 * time.Millisecond}, writes(table, 1))
+	require.ErrorIs(t, err, advisory.ErrLockTimeout)
+	var lockErr *advisory.LockError
+	require.ErrorAs(t, err, &lockErr)
+	assert.Equal(t, "xact-lock", lockErr.Op)
+	assert.Len(t, lockErr.Keys, 2)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	assert.Equal(t, "55P03", pgErr.Code)
+	assert.Zero(t, rowCount(ctx, t, pool, table))
+	assert.True(t, newProbe(t).free(ctx, a, false), "the key taken before the timeout went with the rollback")
+	assert.Equal(t, pid, connPID(ctx, t, pool), "connection kept")
+	assert.Equal(t, []string{"7s"}, showLockTimeouts(ctx, t, pool), "the wait's lock_timeout did not stay")
+}
+
+// A Try that finds a key busy runs none of the batch: the lock statement
+// fails on the server, so the pipeline stops there.
+func TestTryXactLockBatchBusyRunsNothing(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, nil)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{})
+	p := newProbe(t)
+	first, busy := key(t), keys.Pair(pgtest.UniqueInt32(t), 3)
+	hold(ctx, t, false, busy)
+	pid := connPID(ctx, t, pool)
+
+	for _, ks := range [][]keys.Key{{busy}, {busy, first}} {
+		readerRan := false
+		b := writes(table, 1)
+		b.Queue("SELECT 1").QueryRow(func(pgx.Row) error { readerRan = true; return nil })
+		err := l.TryWithXactLockBatch(ctx, ks, nil, b)
+		require.ErrorIs(t, err, advisory.ErrNotAcquired)
+		var lockErr *advisory.LockError
+		require.ErrorAs(t, err, &lockErr)
+		assert.Equal(t, "try-xact-lock", lockErr.Op)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr)
+		assert.Equal(t, "22012", pgErr.Code)
+		assert.False(t, readerRan)
+		assert.Zero(t, rowCount(ctx, t, pool, table), "no write ran")
+		assert.True(t, p.free(ctx, first, false), "the key taken before the busy one was released")
+		assert.Equal(t, pid, connPID(ctx, t, pool), "connection kept")
+	}
+	// Shared holders do not exclude each other.
+	require.NoError(t, l.TryWithXactLockBatch(ctx, []keys.Key{first}, &advisory.Options{Shared: true}, writes(table, 1)))
+	assert.Equal(t, 3, rowCount(ctx, t, pool, table))
+}
+
+// Whatever the batch changes in the session (a setting, search_path, a
+// session-level lock) is gone before the connection is reused.
+func TestXactLockBatchLeavesNoSessionState(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, map[string]string{"lock_timeout": "7s"})
+	l := newLocker(t, pool, advisory.Config{LockTimeout: 5 * time.Second})
+	k, sessionKey := key(t), key(t)
+	sk, _ := sessionKey.Int64()
+
+	b := &pgx.Batch{}
+	b.Queue("SET search_path TO pg_catalog")
+	b.Queue("SET lock_timeout = '42s'")
+	b.Queue("SET application_name = 'changed'")
+	b.Queue("SELECT pg_advisory_lock($1)", sk)
+	var inside string
+	b.Queue("SHOW search_path").QueryRow(func(row pgx.Row) error { return row.Scan(&inside) })
+	require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b))
+	assert.Equal(t, "pg_catalog", inside)
+
+	var path, lt string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_setting('search_path'), current_setting('lock_timeout')").Scan(&path, &lt))
+	assert.NotEqual(t, "pg_catalog", path)
+	assert.Equal(t, "7s", lt, "the connection's own lock_timeout, not the wait's nor the batch's")
+	assert.True(t, newProbe(t).free(ctx, sessionKey, false), "a session lock taken in the batch is gone")
+	pgtest.AssertNoAdvisoryLocks(t, pool)
+}
+
+// Under default_transaction_isolation = serializable the batch runs (and
+// its reset after COMMIT) as under read committed.
+func TestXactLockBatchUnderSerializableDefault(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, map[string]string{"default_transaction_isolation": "serializable"})
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+	var iso string
+	b := writes(table, 1)
+	b.Queue("SHOW transaction_isolation").QueryRow(func(row pgx.Row) error { return row.Scan(&iso) })
+	require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{key(t), key(t)}, nil, b))
+	assert.Equal(t, "serializable", iso)
+	assert.Equal(t, 3, rowCount(ctx, t, pool, table))
+	require.NoError(t, l.TryWithXactLockBatch(ctx, []keys.Key{key(t)}, nil, writes(table, 10)))
+	assert.Equal(t, 6, rowCount(ctx, t, pool, table))
+}
+
+// A context that ends while the batch waits for its lock: cancelled, the
+// call ends (cancel request, 57014) with the context's error and a
+// *LockError; past its deadline, with ErrLockTimeout. No write is kept and
+// nothing stays locked or waiting.
+func TestXactLockBatchContextEndsMidWait(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, nil)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{})
+	busy := key(t)
+	h := hold(ctx, t, false, busy)
+
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- l.WithXactLockBatch(cctx, []keys.Key{busy}, nil, writes(table, 1)) }()
+	awaitWaiting(ctx, t, newProbe(t).pool, busy, 1)
+	cancel()
+	err := <-done
+	require.ErrorIs(t, err, context.Canceled)
+	var lockErr *advisory.LockError
+	require.ErrorAs(t, err, &lockErr)
+	assert.NotErrorIs(t, err, advisory.ErrLockTimeout)
+
+	dctx, dcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer dcancel()
+	err = l.WithXactLockBatch(dctx, []keys.Key{busy}, nil, writes(table, 1))
+	require.ErrorIs(t, err, advisory.ErrLockTimeout)
+	require.ErrorAs(t, err, &lockErr)
+
+	h.release()
+	assert.Zero(t, rowCount(ctx, t, pool, table))
+	pgtest.AssertNoAdvisoryLocks(t, pool)
+	require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{busy}, nil, writes(table, 1)), "the pool is usable")
+}
+
+// A reader's error comes after COMMIT was sent: the call reports it as a
+// *ReaderError and the writes are committed; later readers still run.
+func TestXactLockBatchReaderErrorCannotUndoCommit(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, nil)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{})
+	boom := errors.New("boom")
+	b := writes(table, 1)
+	b.QueuedQueries[0].Exec(func(pgconn.CommandTag) error { return boom })
+	lastRan := false
+	b.QueuedQueries[2].Exec(func(pgconn.CommandTag) error { lastRan = true; return nil })
+	err := l.WithXactLockBatch(ctx, []keys.Key{key(t)}, nil, b)
+	var rerr *advisory.ReaderError
+	require.ErrorAs(t, err, &rerr)
+	assert.Equal(t, 0, rerr.Index)
+	assert.ErrorIs(t, err, boom)
+	assert.True(t, lastRan)
+	assert.Equal(t, 3, rowCount(ctx, t, pool, table), "committed all the same")
+}
+
+// A reader that panics leaves the pipeline half read: the connection is
+// destroyed and the panic re-raised.
+func TestXactLockBatchReaderPanicDestroysConnection(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, nil)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{})
+	pid := connPID(ctx, t, pool)
+	b := writes(table, 1)
+	b.QueuedQueries[0].Exec(func(pgconn.CommandTag) error { panic("reader") })
+	assert.PanicsWithValue(t, "reader", func() { _ = l.WithXactLockBatch(ctx, []keys.Key{key(t)}, nil, b) })
+	assert.NotEqual(t, pid, connPID(ctx, t, pool), "a new connection")
+	pgtest.AssertNoAdvisoryLocks(t, pool)
+}
+
+// Keys passed in opposite orders are taken in one sorted order: concurrent
+// batches never deadlock each other.
+func TestXactLockBatchOppositeOrdersNeverDeadlock(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.Pool(t)
+	l := newLocker(t, pool, advisory.Config{})
+	a, b := key(t), keys.Pair(pgtest.UniqueInt32(t), 4)
+	var wg sync.WaitGroup
+	errs := make(chan error, 40)
+	for g := range 2 {
+		ks := []keys.Key{a, b}
+		if g == 1 {
+			ks = []keys.Key{b, a}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				batch := &pgx.Batch{}
+				batch.Queue("SELECT pg_sleep(0.001)")
+				errs <- l.WithXactLockBatch(ctx, ks, nil, batch)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+func TestXactLockBatchBadInput(t *testing.T) {
+	ctx := testCtx(t)
+	l := newLocker(t, pgtest.Pool(t), advisory.Config{})
+	assert.ErrorIs(t, l.WithXactLockBatch(ctx, []keys.Key{key(t)}, nil, nil), advisory.ErrInvalid)
+	assert.ErrorIs(t, l.TryWithXactLockBatch(ctx, nil, nil, &pgx.Batch{}), advisory.ErrInvalid)
+	assert.ErrorIs(t, l.WithXactLockBatch(ctx, []keys.Key{{}}, nil, &pgx.Batch{}), advisory.ErrInvalid)
+}
+
+// A context that ends while the batch's own statements run (the locks are
+// held): a cancel request stops the statement, whichever way ctx ended
+// (a deadline too: it is not a lock timeout), and nothing is kept; the
+// connection is kept.
+func TestXactLockBatchContextEndsDuringWrites(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, nil)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{})
+	pid := connPID(ctx, t, pool)
+	p := newProbe(t)
+	k := key(t)
+	sleeping := func() bool {
+		var n int
+		require.NoError(t, p.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND query LIKE '%pg_sleep%' AND state = 'active'", pid).Scan(&n))
+		return n == 1
+	}
+	slow := func() *pgx.Batch {
+		b := writes(table, 1)
+		b.Queue("SELECT pg_sleep(60)")
+		return b
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- l.WithXactLockBatch(cctx, []keys.Key{k}, nil, slow()) }()
+	require.Eventually(t, sleeping, 20*time.Second, 5*time.Millisecond)
+	cancel()
+	err := <-done
+	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+	require.ErrorIs(t, err, context.Canceled)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	assert.Equal(t, "57014", pgErr.Code)
+
+	dctx, dcancel := context.WithTimeout(ctx, time.Second)
+	defer dcancel()
+	err = l.WithXactLockBatch(dctx, []keys.Key{k}, nil, slow())
+	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.NotErrorIs(t, err, advisory.ErrLockTimeout, "the lock was held: not a lock timeout")
+
+	assert.Zero(t, rowCount(ctx, t, pool, table))
+	assert.True(t, p.free(ctx, k, false))
+	assert.Equal(t, pid, connPID(ctx, t, pool), "the statement was cancelled on the server: connection kept")
+}
+
+// A batch pgx refuses before running it (a statement that does not parse,
+// an argument it cannot encode) runs and keeps nothing; the lock is not
+// left behind, and the connection stays usable.
+func TestXactLockBatchRefusedByPgx(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, nil)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{})
+	k := key(t)
+	p := newProbe(t)
+
+	bad := writes(table, 1)
+	bad.Queue("SELEC 1")
+	err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, bad)
+	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	assert.Equal(t, "42601", pgErr.Code)
+
+	bad = writes(table, 1)
+	bad.Queue("SELECT $1::int", make(chan int))
+	err = l.WithXactLockBatch(ctx, []keys.Key{k}, nil, bad)
+	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+
+	assert.Zero(t, rowCount(ctx, t, pool, table))
+	assert.True(t, p.free(ctx, k, false))
+	require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, writes(table, 1)))
+	assert.Equal(t, 3, rowCount(ctx, t, pool, table))
+}
+
+// A context that ends once the server has run the pipeline (here, in a
+// reader: readers run after COMMIT) does not turn a commit into an error.
+func TestXactLockBatchCommittedBeforeCancelReturnsNil(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, nil)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{})
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	b := writes(table, 1)
+	b.QueuedQueries[2].Exec(func(pgconn.CommandTag) error { cancel(); return nil })
+	require.NoError(t, l.WithXactLockBatch(cctx, []keys.Key{key(t)}, nil, b))
+	assert.Equal(t, 3, rowCount(ctx, t, pool, table))
+	pgtest.AssertNoAdvisoryLocks(t, pool)
+}
+
+// A dead idle connection from the pool (its backend terminated) ran none
+// of the pipeline: the call retries once on a fresh connection, and the
+// writes are committed once.
+func TestXactLockBatchRetriesDeadIdleConnection(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, nil)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{})
+	pid := connPID(ctx, t, pool)
+	killIdle(ctx, t, pool, pgtest.Pool(t))
+	require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{key(t)}, nil, writes(table, 1)))
+	assert.Equal(t, 3, rowCount(ctx, t, pool, table))
+	assert.NotEqual(t, pid, connPID(ctx, t, pool))
+}
