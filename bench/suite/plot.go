@@ -145,13 +145,14 @@ func drawScalingPlots(dir string, sc *ScalingResults) ([]string, error) {
 		if err := drawSeries(p, &ps, func(n string) string { return impl[n] }); err != nil {
 			return files, err
 		}
-		p.Y.Max = hi * 3 // room for the legend
+		p.Y.Min, p.Y.Max = math.Pow(10, math.Floor(math.Log10(lo))), hi*8 // room for the legend
 		if err := save(p, "scaling-processes.png"); err != nil {
 			return files, err
 		}
 	}
 
-	// Keys: mean cost per key against keys held at once, log-log.
+	// Keys: mean cost per key against keys held at once, log-log;
+	// transaction scope dashed.
 	var ks seriesSet
 	lo, hi = math.Inf(1), 0.0
 	for _, r := range sc.Keys {
@@ -159,7 +160,7 @@ func drawScalingPlots(dir string, sc *ScalingResults) ([]string, error) {
 			continue
 		}
 		impl[r.Row] = r.Impl
-		ks.add(r.Row, r.Impl != "pgxlock", float64(r.Keys), r.PerKeyUS)
+		ks.add(r.Row, scopeOf(r.Row) == "xact", float64(r.Keys), r.PerKeyUS)
 		lo, hi = math.Min(lo, r.PerKeyUS), math.Max(hi, r.PerKeyUS)
 	}
 	if len(ks.order) > 0 {
@@ -174,6 +175,7 @@ func drawScalingPlots(dir string, sc *ScalingResults) ([]string, error) {
 			return files, err
 		}
 		p.Legend.Left = false
+		p.Y.Min = math.Pow(10, math.Floor(math.Log10(lo)))
 		if err := save(p, "scaling-keys.png"); err != nil {
 			return files, err
 		}

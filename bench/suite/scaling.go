@@ -439,7 +439,8 @@ func scalingMarkdown(b *strings.Builder, sc *ScalingResults) {
 		p("`SELECT 1` from %d goroutines through a pool of %d while W goroutines of the same process wait on a key held outside the pool.\n\n", unrelatedQueries, unrelatedPool)
 		p("| waiters | scenario | queries/s | x baseline (paired) | x baseline | query p50 | query p99 | errors |\n|---:|---|---:|---:|---:|---:|---:|---:|\n")
 		for _, r := range sc.Pinned {
-			p("| %d | %s | %.0f | %s | %s | %s | %s | %d |\n", r.Waiters, r.Scenario, r.QPS, fmtX(r.Paired), fmtX(r.Ratio), fmtUS(r.Lat.P50), fmtUS(r.Lat.P99), r.Errors)
+			// Zero queries is a result here (every connection pinned), not "no data".
+			p("| %d | %s | %.0f | %.2fx | %.2fx | %s | %s | %d |\n", r.Waiters, r.Scenario, r.QPS, r.Paired, r.Ratio, fmtUS(r.Lat.P50), fmtUS(r.Lat.P99), r.Errors)
 		}
 	}
 	for _, f := range sc.Plots {
