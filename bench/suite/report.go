@@ -233,6 +233,7 @@ func Markdown(res *Results) string {
 			p("| %s | %.0f | %s | %s | %s | %s | %d | %d |\n", r.Scenario, r.QPS, fmtX(r.Paired), fmtX(r.Ratio), fmtUS(r.Lat.P50), fmtUS(r.Lat.P99), r.LockAcq, r.Errors)
 		}
 	}
+	scalingMarkdown(&b, res.Scaling)
 	return b.String()
 }
 

@@ -32,7 +32,7 @@ type Config struct {
 	// Poll is the retry interval of the polling peers. Zero: 5 ms.
 	Poll time.Duration
 	// Only, when non-empty, selects workloads: each entry is a section
-	// ("uncontended", "contention", "fairness", "unrelated"), optionally
+	// ("uncontended", "contention", "fairness", "unrelated", "scaling"), optionally
 	// followed by ":" and a substring of a group or configuration name.
 	Only []string
 	// NoPeers skips Redis and etcd (no servers are looked for or started).
@@ -54,15 +54,20 @@ type params struct {
 	urRounds          int
 	urSlice           time.Duration
 	grace             time.Duration
+	// scaling: processes, keys, pinned connections
+	spRounds, skRounds, pnRounds int
+	spSlice, skSlice, pnSlice    time.Duration
 }
 
 var (
 	fullParams = params{warmOps: 50, countOps: 300, ucRounds: 16, ucSlice: 200 * time.Millisecond,
 		ctRounds: 4, ctSlice: 500 * time.Millisecond, fairSlices: 5, fairSlice: 2 * time.Second,
-		urRounds: 10, urSlice: 300 * time.Millisecond, grace: 1500 * time.Millisecond}
+		urRounds: 10, urSlice: 300 * time.Millisecond, grace: 1500 * time.Millisecond,
+		spRounds: 2, spSlice: 500 * time.Millisecond, skRounds: 3, skSlice: 300 * time.Millisecond, pnRounds: 4, pnSlice: 300 * time.Millisecond}
 	quickParams = params{warmOps: 10, countOps: 30, ucRounds: 3, ucSlice: 20 * time.Millisecond,
 		ctRounds: 1, ctSlice: 100 * time.Millisecond, fairSlices: 2, fairSlice: 200 * time.Millisecond,
-		urRounds: 1, urSlice: 300 * time.Millisecond, grace: 300 * time.Millisecond}
+		urRounds: 1, urSlice: 300 * time.Millisecond, grace: 300 * time.Millisecond,
+		spRounds: 1, spSlice: 150 * time.Millisecond, skRounds: 1, skSlice: 30 * time.Millisecond, pnRounds: 1, pnSlice: 100 * time.Millisecond}
 )
 
 // Suite is one run.
@@ -72,6 +77,9 @@ type Suite struct {
 	env    Env
 	res    *Results
 	log    io.Writer
+	// throwaway: the database is a cluster the suite started (its lock
+	// table is ours to fill).
+	throwaway bool
 }
 
 // Results is everything a run measured; it is what results.json holds.
@@ -80,6 +88,7 @@ type Results struct {
 	Uncontended []*UncontendedResult `json:"uncontended"`
 	Contention  []*ContentionResult  `json:"contention"`
 	Unrelated   []*UnrelatedResult   `json:"unrelated"`
+	Scaling     *ScalingResults      `json:"scaling,omitempty"`
 	Targets     []Target             `json:"targets"`
 }
 
@@ -117,7 +126,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	defer stop()
 	s.res.Meta.LoadBefore = loadAvg()
-	for _, step := range []func(context.Context) error{s.runUncontended, s.runContention, s.runFairness, s.runUnrelated} {
+	for _, step := range []func(context.Context) error{s.runUncontended, s.runContention, s.runFairness, s.runUnrelated, s.runScaling} {
 		if err := step(ctx); err != nil {
 			return s.res, err
 		}
@@ -172,6 +181,7 @@ func (s *Suite) start(ctx context.Context) (stop func(), err error) {
 	}
 	stops = append(stops, pg.Stop)
 	s.env.DSN = pg.DSN
+	s.throwaway = pg.Throwaway
 	if pg.Throwaway {
 		s.logf("throwaway PostgreSQL cluster from %s", pg.BinDir)
 		s.res.Meta.PGSettings = "throwaway cluster: " + strings.Join(services.ThrowawaySettings, ", ")
@@ -215,6 +225,8 @@ func (p params) describe() map[string]string {
 		"fairness":    fmt.Sprintf("%d slices x %v per contender", p.fairSlices, p.fairSlice),
 		"unrelated":   fmt.Sprintf("%d rounds x %v slice per scenario", p.urRounds, p.urSlice),
 		"stop_grace":  p.grace.String(),
+		"scaling": fmt.Sprintf("processes %d rounds x %v slice; keys %d rounds x %v; pinned %d rounds x %v",
+			p.spRounds, p.spSlice, p.skRounds, p.skSlice, p.pnRounds, p.pnSlice),
 	}
 }
 

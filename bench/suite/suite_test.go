@@ -108,6 +108,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	ChildMain()
 	code := m.Run()
 	if benchStop != nil {
 		benchStop()

@@ -26,11 +26,12 @@ import (
 )
 
 func main() {
+	suite.ChildMain() // the scaling section re-execs this binary as its replicas
 	var (
 		quick   = flag.Bool("quick", false, "shrink every duration for a smoke run (< 60 s)")
 		out     = flag.String("out", "", "directory for results.json and results.md (default results/<UTC time>)")
 		poll    = flag.Duration("poll", 5*time.Millisecond, "retry interval of the polling peers")
-		only    = flag.String("only", "", "comma-separated sections to run: uncontended, contention, fairness, unrelated (section:substring selects by name)")
+		only    = flag.String("only", "", "comma-separated sections to run: uncontended, contention, fairness, unrelated, scaling (section:substring selects by name)")
 		noPeers = flag.Bool("no-peers", false, "skip Redis and etcd")
 	)
 	flag.Parse()
