@@ -98,18 +98,28 @@ type ticket struct {
 // enter queues for k. It returns ctx's error, queueing for nothing, if ctx
 // ends first. leave must be called once the wait is over.
 func (g *gates) enter(ctx context.Context, k keys.Key) (*ticket, error) {
+	t := &ticket{}
+	if err := g.enterInto(ctx, k, t); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// enterInto is enter filling t, a zero ticket kept in the call's state, in
+// place of a new one.
+func (g *gates) enterInto(ctx context.Context, k keys.Key, t *ticket) error {
 	g.mu.Lock()
 	if g.m == nil {
 		g.m = make(map[keys.Key]*gate)
 	}
-	t := &ticket{g: g, e: g.ref(k), key: k}
+	*t = ticket{g: g, e: g.ref(k), key: k}
 	g.mu.Unlock()
 	if err := t.e.q.lock(ctx); err != nil {
 		t.leave()
-		return nil, err
+		return err
 	}
 	t.taken = true
-	return t, nil
+	return nil
 }
 
 // leave unlocks the queue and drops the reference. It is idempotent, and

@@ -1,0 +1,65 @@
+package advisory_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlock/pgxlock/advisory"
+	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/keys"
+)
+
+// allocSlack is how many allocations per call a helper may spend beyond
+// raw pgx doing the same SQL by hand (issue 15).
+const allocSlack = 5
+
+// TestAllocationsNearRawPgx: an uncontended WithLock, WithXactLock and
+// handle Lock+Unlock each allocate at most allocSlack more per call than
+// raw pgx doing the same SQL on a pinned connection. Allocation counts are
+// deterministic (unlike times), so this holds on a loaded machine; it
+// compares against raw pgx measured in the same run, so a pgx upgrade that
+// changes both does not break it.
+func TestAllocationsNearRawPgx(t *testing.T) {
+	// A context that can be cancelled, as callers' contexts usually can:
+	// the helpers then arrange their cancellation watchers.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := pgtest.Config(t)
+	// No health-check pings between calls: they would be counted.
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	pool := pgtest.NewPool(t, cfg)
+	l := newLocker(t, pool, advisory.Config{})
+
+	allocs := func(name string, op func() error) float64 {
+		t.Helper()
+		for range 3 { // prepare statements, fill the pool
+			require.NoError(t, op(), name)
+		}
+		var err error
+		n := testing.AllocsPerRun(20, func() {
+			if e := op(); e != nil && err == nil {
+				err = e
+			}
+		})
+		require.NoError(t, err, name)
+		t.Logf("%s: %.0f allocs/op", name, n)
+		return n
+	}
+	v := pgtest.UniqueInt64(t)
+	k := keys.Int64(v)
+	vals := []int64{v}
+
+	rawSession := allocs("raw pgx lock+unlock", func() error { return rawSessionLock(ctx, pool, vals) })
+	assert.LessOrEqual(t, allocs("WithLock", func() error { return l.WithLock(ctx, k, nil, noopSession) }),
+		rawSession+allocSlack, "WithLock")
+	assert.LessOrEqual(t, allocs("Lock+Unlock", func() error { return handleCycle(ctx, l, k) }),
+		rawSession+allocSlack, "Lock+Unlock through a handle")
+
+	rawXact := allocs("raw pgx pipelined BEGIN+lock, COMMIT", func() error { return rawXactLockPipelined(ctx, pool, v) })
+	assert.LessOrEqual(t, allocs("WithXactLock", func() error { return l.WithXactLock(ctx, k, nil, noopXact) }),
+		rawXact+allocSlack, "WithXactLock")
+}
