@@ -2,8 +2,10 @@ package advisory_test
 
 import (
 	"context"
+	"math"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -62,4 +64,35 @@ func TestAllocationsNearRawPgx(t *testing.T) {
 	rawXact := allocs("raw pgx pipelined BEGIN+lock, COMMIT", func() error { return rawXactLockPipelined(ctx, pool, v) })
 	assert.LessOrEqual(t, allocs("WithXactLock", func() error { return l.WithXactLock(ctx, k, nil, noopXact) }),
 		rawXact+allocSlack, "WithXactLock")
+}
+
+// TestSingleKeyUnlockWritesExtremeKeys: the one-key unlock writes its key
+// into the SQL text (strconv, simple protocol); the extremes of both key
+// spaces and negative values must unlock exactly the key taken (a wrong
+// literal would unlock nothing: ErrNotHeld, and the lock left behind).
+func TestSingleKeyUnlockWritesExtremeKeys(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.Pool(t)
+	l := newLocker(t, pool, advisory.Config{})
+	id := pgtest.UniqueInt32(t)
+	for _, k := range []keys.Key{
+		keys.Int64(math.MinInt64), keys.Int64(math.MaxInt64), keys.Int64(-pgtest.UniqueInt64(t)),
+		keys.Pair(math.MinInt32, id), keys.Pair(id, math.MaxInt32), keys.Pair(-id, -1),
+	} {
+		for _, shared := range []bool{false, true} {
+			opts := &advisory.Options{Shared: shared}
+			require.NoError(t, l.WithLock(ctx, k, opts, func(ctx context.Context, _ *pgx.Conn) error {
+				held, err := advisory.ListLocks(ctx, pool, k)
+				require.NoError(t, err)
+				require.Len(t, held, 1, "%v held", k)
+				return nil
+			}), "%v shared=%v", k, shared)
+			h, err := l.Lock(ctx, k, opts)
+			require.NoError(t, err)
+			require.NoError(t, h.Unlock(ctx), "%v shared=%v", k, shared)
+			held, err := advisory.ListLocks(ctx, pool, k)
+			require.NoError(t, err)
+			require.Empty(t, held, "%v released", k)
+		}
+	}
 }
