@@ -19,8 +19,8 @@ import (
 // raw pgx doing the same SQL by hand (issue 15).
 const allocSlack = 5
 
-// TestAllocationsNearRawPgx: an uncontended WithLock, WithXactLock and
-// handle Lock+Unlock each allocate at most allocSlack more per call than
+// TestAllocationsNearRawPgx: an uncontended WithLock, TryWithLock,
+// WithXactLock and handle Lock+Unlock each allocate at most allocSlack more per call than
 // raw pgx doing the same SQL on a pinned connection. Allocation counts are
 // deterministic (unlike times), so this holds on a loaded machine; it
 // compares against raw pgx measured in the same run, so a pgx upgrade that
@@ -60,6 +60,8 @@ func TestAllocationsNearRawPgx(t *testing.T) {
 		rawSession+allocSlack, "WithLock")
 	assert.LessOrEqual(t, allocs("Lock+Unlock", func() error { return handleCycle(ctx, l, k) }),
 		rawSession+allocSlack, "Lock+Unlock through a handle")
+	assert.LessOrEqual(t, allocs("TryWithLock", func() error { return l.TryWithLock(ctx, k, nil, noopSession) }),
+		rawSession+allocSlack, "TryWithLock")
 
 	rawXact := allocs("raw pgx pipelined BEGIN+lock, COMMIT", func() error { return rawXactLockPipelined(ctx, pool, v) })
 	assert.LessOrEqual(t, allocs("WithXactLock", func() error { return l.WithXactLock(ctx, k, nil, noopXact) }),
