@@ -86,7 +86,7 @@ type gate struct {
 
 var gatePool = sync.Pool{New: func() any { return &gate{q: make(fifo, 1)} }}
 
-// ticket is a place in the queue of one key, returned by enter and given
+// ticket is a place in the queue of one key, taken by enterInto and given
 // back by leave.
 type ticket struct {
 	g     *gates
@@ -95,18 +95,9 @@ type ticket struct {
 	taken bool // e's queue is locked by this ticket
 }
 
-// enter queues for k. It returns ctx's error, queueing for nothing, if ctx
-// ends first. leave must be called once the wait is over.
-func (g *gates) enter(ctx context.Context, k keys.Key) (*ticket, error) {
-	t := &ticket{}
-	if err := g.enterInto(ctx, k, t); err != nil {
-		return nil, err
-	}
-	return t, nil
-}
-
-// enterInto is enter filling t, a zero ticket kept in the call's state, in
-// place of a new one.
+// enterInto queues for k, filling t, a zero ticket kept in the call's
+// state. It returns ctx's error, queueing for nothing, if ctx ends first.
+// t.leave() must be called once the wait is over.
 func (g *gates) enterInto(ctx context.Context, k keys.Key, t *ticket) error {
 	g.mu.Lock()
 	if g.m == nil {

@@ -240,10 +240,6 @@ func (*detached) Done() <-chan struct{}       { return nil }
 func (*detached) Err() error                  { return nil }
 func (d *detached) Value(key any) any         { return d.parent.Value(key) }
 
-// noWait is the serverWait of a call that cannot be ended early (a Try
-// call, or a context that can neither be cancelled nor expire).
-func noWait(ctx context.Context) *serverWait { return &serverWait{ctx: ctx} }
-
 // stop ends the arrangement; idempotent. After it returns, no cancel
 // request is in flight from this wait and the socket is left alone.
 func (w *serverWait) stop() {
@@ -309,6 +305,9 @@ func (w *serverWait) settle(c *pooltx.Conn, err error) bool {
 //   - if neither answers within deadlineGrace, the socket's deadline is
 //     cut: the statement fails, pgx closes the connection, and it is
 //     destroyed.
+//
+// (The session and transaction helpers use arrange on a serverWait in
+// their call state; waitFor serves the batch form.)
 func (l *Locker) waitFor(wctx context.Context, pg *pgconn.PgConn) *serverWait {
 	w := &serverWait{}
 	w.arrange(wctx, pg)
@@ -369,6 +368,8 @@ func (w *serverWait) watch() {
 // then under the MaxConns cap, then in the pool, all bounded by wctx. The
 // ticket must be left (t.leave()) once the lock statement is done, to let
 // the next local waiter go to the server; unpin releases the connection.
+// (The session and transaction helpers use pinInto with a ticket in their
+// call state; pin serves the batch form.)
 func (l *Locker) pin(wctx context.Context, s *keySet, shared, try bool) (c *pooltx.Conn, t *ticket, err error) {
 	return l.pinInto(wctx, s, shared, try, &ticket{})
 }
