@@ -2,8 +2,10 @@ package advisory_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -95,6 +97,43 @@ func TestSingleKeyUnlockWritesExtremeKeys(t *testing.T) {
 			held, err := advisory.ListLocks(ctx, pool, k)
 			require.NoError(t, err)
 			require.Empty(t, held, "%v released", k)
+		}
+	}
+}
+
+// TestPointerArgumentsInEveryQueryExecMode: the single-key lock statements
+// pass their arguments as pointers into the call's state (no boxing); pgx
+// must encode them in whatever QueryExecMode the pool uses, for both key
+// spaces, with and without a server-side timeout, session and xact scope.
+func TestPointerArgumentsInEveryQueryExecMode(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	for _, mode := range []pgx.QueryExecMode{
+		pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol,
+	} {
+		cfg := pgtest.Config(t)
+		cfg.ConnConfig.DefaultQueryExecMode = mode
+		pool := pgtest.NewPool(t, cfg)
+		l := newLocker(t, pool, advisory.Config{})
+		for _, k := range []keys.Key{key(t), keys.Pair(pgtest.UniqueInt32(t), -7)} {
+			for _, opts := range []*advisory.Options{nil, {Timeout: time.Minute}, {Shared: true, Timeout: time.Minute}} {
+				name := fmt.Sprintf("%v %v %+v", mode, k, opts)
+				require.NoError(t, l.WithLock(ctx, k, opts, func(ctx context.Context, _ *pgx.Conn) error {
+					held, err := advisory.ListLocks(ctx, admin, k)
+					require.NoError(t, err)
+					require.Len(t, held, 1, name)
+					return nil
+				}), name)
+				require.NoError(t, l.TryWithLock(ctx, k, opts, noopSession), name)
+				require.NoError(t, l.WithXactLock(ctx, k, opts, func(ctx context.Context, tx pgx.Tx) error {
+					held, err := advisory.ListLocks(ctx, tx, k)
+					require.NoError(t, err)
+					require.Len(t, held, 1, name)
+					return nil
+				}), name)
+				require.NoError(t, l.TryWithXactLock(ctx, k, opts, noopXact), name)
+			}
 		}
 	}
 }
