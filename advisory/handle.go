@@ -17,9 +17,9 @@ import (
 // notices at once when the connection dies (the backend was terminated,
 // the server restarted or closed the socket) and, with a bounded ping every
 // Config.HeartbeatInterval, a frozen server or a silent network partition.
-// The watcher starts watchDelay (1 ms) after the lock is taken, so that a
-// lock released sooner costs what WithLock costs; a connection that died
-// in that first millisecond is seen as soon as the watcher starts.
+// The watcher starts watchDelay (1 ms) after the lock is taken, and a lock
+// released sooner never starts one; a connection that died in that first
+// millisecond is seen as soon as the watcher starts.
 // PostgreSQL releases a dead session's locks immediately, so another
 // process may already hold the key: the watcher marks the lock lost, closes
 // Done, logs, and destroys the connection.
