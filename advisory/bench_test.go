@@ -169,6 +169,30 @@ func BenchmarkSessionLock(b *testing.B) {
 	})
 }
 
+// BenchmarkLockHandle is a Lock+Unlock cycle through a handle (with its
+// loss watcher) against raw pgx's lock and unlock on a pinned connection.
+func BenchmarkLockHandle(b *testing.B) {
+	b.Run("impl=raw", func(b *testing.B) {
+		e := newBenchEnv(b)
+		_, vals := benchKeys(b, 1)
+		e.run(b, func(ctx context.Context) error { return rawSessionLock(ctx, e.pool, vals) })
+	})
+	b.Run("impl=advisory", func(b *testing.B) {
+		e := newBenchEnv(b)
+		k := key(b)
+		e.run(b, func(ctx context.Context) error { return handleCycle(ctx, e.l, k) })
+	})
+}
+
+// handleCycle takes k through a handle and unlocks it.
+func handleCycle(ctx context.Context, l *advisory.Locker, k keys.Key) error {
+	h, err := l.Lock(ctx, k, nil)
+	if err != nil {
+		return err
+	}
+	return h.Unlock(ctx)
+}
+
 func BenchmarkXactLock(b *testing.B) {
 	b.Run("impl=raw-naive", func(b *testing.B) {
 		e := newBenchEnv(b)
@@ -289,6 +313,15 @@ func BenchmarkPaired(b *testing.B) {
 			impl{"raw", func(ctx context.Context) error { return rawSessionLock(ctx, raw.pool, vals) }},
 			impl{"advisory", func(ctx context.Context) error { return adv.l.WithLock(ctx, k, nil, noopSession) }},
 			impl{"advisory-deadline", func(context.Context) error { return advDL.l.WithLock(dl, kDL, nil, noopSession) }})
+	})
+	b.Run("op=LockHandle", func(b *testing.B) {
+		raw, h, adv := newBenchEnv(b), newBenchEnv(b), newBenchEnv(b)
+		_, vals := benchKeys(b, 1)
+		kh, k := key(b), key(b)
+		paired(b,
+			impl{"raw", func(ctx context.Context) error { return rawSessionLock(ctx, raw.pool, vals) }},
+			impl{"handle", func(ctx context.Context) error { return handleCycle(ctx, h.l, kh) }},
+			impl{"withlock", func(ctx context.Context) error { return adv.l.WithLock(ctx, k, nil, noopSession) }})
 	})
 	b.Run("op=WithXactLock", func(b *testing.B) {
 		naive, piped, adv := newBenchEnv(b), newBenchEnv(b), newBenchEnv(b)

@@ -86,7 +86,7 @@ type gate struct {
 
 var gatePool = sync.Pool{New: func() any { return &gate{q: make(fifo, 1)} }}
 
-// ticket is a place in the queue of one key, returned by enter and given
+// ticket is a place in the queue of one key, taken by enterInto and given
 // back by leave.
 type ticket struct {
 	g     *gates
@@ -95,21 +95,22 @@ type ticket struct {
 	taken bool // e's queue is locked by this ticket
 }
 
-// enter queues for k. It returns ctx's error, queueing for nothing, if ctx
-// ends first. leave must be called once the wait is over.
-func (g *gates) enter(ctx context.Context, k keys.Key) (*ticket, error) {
+// enterInto queues for k, filling t, a zero ticket kept in the call's
+// state. It returns ctx's error, queueing for nothing, if ctx ends first.
+// t.leave() must be called once the wait is over.
+func (g *gates) enterInto(ctx context.Context, k keys.Key, t *ticket) error {
 	g.mu.Lock()
 	if g.m == nil {
 		g.m = make(map[keys.Key]*gate)
 	}
-	t := &ticket{g: g, e: g.ref(k), key: k}
+	*t = ticket{g: g, e: g.ref(k), key: k}
 	g.mu.Unlock()
 	if err := t.e.q.lock(ctx); err != nil {
 		t.leave()
-		return nil, err
+		return err
 	}
 	t.taken = true
-	return t, nil
+	return nil
 }
 
 // leave unlocks the queue and drops the reference. It is idempotent, and

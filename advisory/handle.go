@@ -17,6 +17,9 @@ import (
 // notices at once when the connection dies (the backend was terminated,
 // the server restarted or closed the socket) and, with a bounded ping every
 // Config.HeartbeatInterval, a frozen server or a silent network partition.
+// The watcher starts watchDelay (1 ms) after the lock is taken, and a lock
+// released sooner never starts one; a connection that died in that first
+// millisecond is seen as soon as the watcher starts.
 // PostgreSQL releases a dead session's locks immediately, so another
 // process may already hold the key: the watcher marks the lock lost, closes
 // Done, logs, and destroys the connection.
@@ -36,8 +39,16 @@ type Lock struct {
 	unlockErr error
 	unlocked  bool
 
-	watchDone chan struct{} // closed when the watcher goroutine has returned
+	watchCtx   context.Context // the acquisition's values, never cancelled
+	watchStart *time.Timer     // starts the watcher (see watchDelay)
+	watchDone  chan struct{}   // closed when the watcher has returned or will never run
 }
+
+// watchDelay is how long a Lock goes unwatched after it is taken: a lock
+// released within it never starts a watcher goroutine (nor its read and
+// the interruption of that read at Unlock), which would cost more than
+// the lock itself.
+const watchDelay = time.Millisecond
 
 // ErrUnlocked is what Lock.Err returns after a successful Unlock.
 var ErrUnlocked = errors.New("advisory: lock released")
@@ -53,35 +64,37 @@ var ErrLockLost = errors.New("advisory: lock lost")
 // handle that holds it until Unlock. ctx governs only the acquisition.
 // Errors are those of WithLock.
 func (l *Locker) Lock(ctx context.Context, key keys.Key, opts *Options) (*Lock, error) {
-	return l.lock(ctx, []keys.Key{key}, opts, false)
+	a, ks := oneKey(key)
+	return l.lock(ctx, a, ks, opts, false)
 }
 
 // TryLock is Lock without waiting; a busy key gives ErrNotAcquired.
 func (l *Locker) TryLock(ctx context.Context, key keys.Key, opts *Options) (*Lock, error) {
-	return l.lock(ctx, []keys.Key{key}, opts, true)
+	a, ks := oneKey(key)
+	return l.lock(ctx, a, ks, opts, true)
 }
 
 // LockAll takes several keys, all or nothing, as WithLockAll does.
 func (l *Locker) LockAll(ctx context.Context, ks []keys.Key, opts *Options) (*Lock, error) {
-	return l.lock(ctx, ks, opts, false)
+	return l.lock(ctx, &acquired{}, ks, opts, false)
 }
 
 // TryLockAll is LockAll without waiting: if any key is busy none is held.
 func (l *Locker) TryLockAll(ctx context.Context, ks []keys.Key, opts *Options) (*Lock, error) {
-	return l.lock(ctx, ks, opts, true)
+	return l.lock(ctx, &acquired{}, ks, opts, true)
 }
 
-func (l *Locker) lock(ctx context.Context, ks []keys.Key, opts *Options, try bool) (*Lock, error) {
-	a, err := l.acquireSession(ctx, ks, opts, try)
-	if err != nil {
+func (l *Locker) lock(ctx context.Context, a *acquired, ks []keys.Key, opts *Options, try bool) (*Lock, error) {
+	if err := l.acquireSession(ctx, a, ks, opts, try); err != nil {
 		return nil, err
 	}
 	h := &Lock{
 		l: l, a: a,
 		done:      make(chan struct{}),
 		watchDone: make(chan struct{}),
+		watchCtx:  context.WithoutCancel(ctx),
 	}
-	go h.watch(context.WithoutCancel(ctx))
+	h.watchStart = time.AfterFunc(watchDelay, h.watch)
 	return h, nil
 }
 
@@ -119,6 +132,9 @@ func (h *Lock) Unlock(ctx context.Context) error {
 		_ = h.a.c.Conn().PgConn().Conn().SetReadDeadline(time.Now())
 	}
 	h.mu.Unlock()
+	if h.watchStart.Stop() {
+		close(h.watchDone) // the watcher never started and never will
+	}
 	<-h.watchDone
 
 	h.mu.Lock()
@@ -164,8 +180,9 @@ func (h *Lock) lose(ctx context.Context, cause error) {
 // HeartbeatTimeout checks that the server still answers. Unlock stops it by
 // cutting the read short; the watcher never reads while anything else uses
 // the connection, because nothing else does until it has returned.
-func (h *Lock) watch(ctx context.Context) {
+func (h *Lock) watch() {
 	defer close(h.watchDone)
+	ctx := h.watchCtx
 	pg := h.a.c.Conn().PgConn()
 	nc := pg.Conn()
 	interval, timeout := h.l.cfg.HeartbeatInterval, h.l.cfg.HeartbeatTimeout
@@ -250,7 +267,7 @@ func (l *Locker) hold(ctx context.Context, ks []keys.Key, opts *Options, try boo
 	if fn == nil {
 		return &LockError{Op: opName(sessionOp(try), opts.shared()), Keys: ks, Err: invalid("nil callback")}
 	}
-	h, err := l.lock(ctx, ks, opts, try)
+	h, err := l.lock(ctx, &acquired{}, ks, opts, try)
 	if err != nil {
 		return err
 	}

@@ -208,27 +208,37 @@ func (l *Locker) waitBound(ctx context.Context, opts *Options, try bool) (contex
 // serverWait is the server-side part of one blocking wait: the context
 // to run the lock statement under, the bound of the whole wait to enforce
 // on the server (0 = leave the server's lock_timeout alone), and what was
-// done to end the wait early.
+// done to end the wait early. It lives inside the call's own state (one
+// allocation per call): only a wait that is actually ended early allocates
+// more (the watcher's timer and channel).
 type serverWait struct {
 	ctx   context.Context
 	bound time.Duration // the server-side bound of the wait; 0: none
 
+	det       detached // ctx, when the wait is watched
+	wctx      context.Context
 	pg        *pgconn.PgConn
-	stopWatch func() bool   // from context.AfterFunc; nil when nothing is watched
-	watched   chan struct{} // closed when the watcher has returned
-	finished  chan struct{} // closed by stop: the statement is over
-	stopped   bool          // stop has run (the caller's goroutine only)
+	stopWatch func() bool    // from context.AfterFunc; nil when nothing is watched
+	watcher   sync.WaitGroup // counts the watcher until it has returned or can no longer run
+	stopped   bool           // stop has run (the caller's goroutine only)
 
-	mu   sync.Mutex // orders the watcher's backstop against stop
-	over bool       // under mu: the statement is over
+	mu       sync.Mutex    // orders the watcher's backstop against stop
+	over     bool          // under mu: the statement is over
+	finished chan struct{} // under mu: made by a running watcher, closed by stop
 
 	sent atomic.Bool // a cancel request went to the server
 	hard atomic.Bool // the socket's deadline was cut to end the statement
 }
 
-// noWait is the serverWait of a call that cannot be ended early (a Try
-// call, or a context that can neither be cancelled nor expire).
-func noWait(ctx context.Context) *serverWait { return &serverWait{ctx: ctx} }
+// detached is context.WithoutCancel without its allocation: it keeps the
+// values of parent (tracers, loggers) but can neither end nor expire, so
+// pgx does not watch it. It is embedded in per-call state.
+type detached struct{ parent context.Context }
+
+func (*detached) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*detached) Done() <-chan struct{}       { return nil }
+func (*detached) Err() error                  { return nil }
+func (d *detached) Value(key any) any         { return d.parent.Value(key) }
 
 // stop ends the arrangement; idempotent. After it returns, no cancel
 // request is in flight from this wait and the socket is left alone.
@@ -239,11 +249,14 @@ func (w *serverWait) stop() {
 	w.stopped = true
 	w.mu.Lock()
 	w.over = true
-	w.mu.Unlock()
-	close(w.finished)
-	if !w.stopWatch() {
-		<-w.watched // the watcher ran or is running: wait for it to end
+	if w.finished != nil {
+		close(w.finished)
 	}
+	w.mu.Unlock()
+	if w.stopWatch() {
+		w.watcher.Done() // the watcher will never run
+	}
+	w.watcher.Wait() // it ran or is running: wait for it to end
 }
 
 // settle marks c dirty when the wait was ended in a way that leaves the
@@ -292,47 +305,61 @@ func (w *serverWait) settle(c *pooltx.Conn, err error) bool {
 //   - if neither answers within deadlineGrace, the socket's deadline is
 //     cut: the statement fails, pgx closes the connection, and it is
 //     destroyed.
+//
+// (The session and transaction helpers use arrange on a serverWait in
+// their call state; waitFor serves the batch form.)
 func (l *Locker) waitFor(wctx context.Context, pg *pgconn.PgConn) *serverWait {
-	deadline, hasDeadline := wctx.Deadline()
-	if !hasDeadline && wctx.Done() == nil {
-		return noWait(wctx) // cannot end: nothing to arrange
-	}
-	w := &serverWait{
-		ctx:      context.WithoutCancel(wctx),
-		pg:       pg,
-		watched:  make(chan struct{}),
-		finished: make(chan struct{}),
-	}
-	if hasDeadline {
-		w.bound = max(time.Until(deadline), time.Millisecond)
-	}
-	w.stopWatch = context.AfterFunc(wctx, w.watch(wctx))
+	w := &serverWait{}
+	w.arrange(wctx, pg)
 	return w
 }
 
-// watch returns what runs when wctx ends while the statement is on.
-func (w *serverWait) watch(wctx context.Context) func() {
-	return func() {
-		defer close(w.watched)
-		t := time.NewTimer(deadlineGrace)
-		defer t.Stop()
-		if !errors.Is(wctx.Err(), context.DeadlineExceeded) {
-			w.sent.Store(true)
-			cctx, cancel := context.WithTimeout(context.Background(), deadlineGrace)
-			_ = w.pg.CancelRequest(cctx) // best effort: the timer below is the backstop
-			cancel()
-		}
-		select {
-		case <-t.C:
-		case <-w.finished:
-			return
-		}
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		if !w.over {
-			w.hard.Store(true)
-			_ = w.pg.Conn().SetDeadline(time.Now())
-		}
+// arrange is waitFor in place, on a zero serverWait that must not move
+// afterwards.
+func (w *serverWait) arrange(wctx context.Context, pg *pgconn.PgConn) {
+	deadline, hasDeadline := wctx.Deadline()
+	if !hasDeadline && wctx.Done() == nil {
+		w.ctx = wctx // cannot end: nothing to arrange
+		return
+	}
+	w.det.parent = wctx
+	w.ctx, w.wctx, w.pg = &w.det, wctx, pg
+	if hasDeadline {
+		w.bound = max(time.Until(deadline), time.Millisecond)
+	}
+	w.watcher.Add(1)
+	w.stopWatch = context.AfterFunc(wctx, w.watch)
+}
+
+// watch runs when wctx ends while the statement is on.
+func (w *serverWait) watch() {
+	defer w.watcher.Done()
+	t := time.NewTimer(deadlineGrace)
+	defer t.Stop()
+	if !errors.Is(w.wctx.Err(), context.DeadlineExceeded) {
+		w.sent.Store(true)
+		cctx, cancel := context.WithTimeout(context.Background(), deadlineGrace)
+		_ = w.pg.CancelRequest(cctx) // best effort: the timer below is the backstop
+		cancel()
+	}
+	w.mu.Lock()
+	if w.over {
+		w.mu.Unlock()
+		return
+	}
+	w.finished = make(chan struct{})
+	finished := w.finished
+	w.mu.Unlock()
+	select {
+	case <-t.C:
+	case <-finished:
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.over {
+		w.hard.Store(true)
+		_ = w.pg.Conn().SetDeadline(time.Now())
 	}
 }
 
@@ -341,11 +368,20 @@ func (w *serverWait) watch(wctx context.Context) func() {
 // then under the MaxConns cap, then in the pool, all bounded by wctx. The
 // ticket must be left (t.leave()) once the lock statement is done, to let
 // the next local waiter go to the server; unpin releases the connection.
+// (The session and transaction helpers use pinInto with a ticket in their
+// call state; pin serves the batch form.)
 func (l *Locker) pin(wctx context.Context, s *keySet, shared, try bool) (c *pooltx.Conn, t *ticket, err error) {
+	return l.pinInto(wctx, s, shared, try, &ticket{})
+}
+
+// pinInto is pin with the call's own zero ticket tk, which it returns (nil
+// when the call does not queue).
+func (l *Locker) pinInto(wctx context.Context, s *keySet, shared, try bool, tk *ticket) (c *pooltx.Conn, t *ticket, err error) {
 	if queues(s, shared, try) {
-		if t, err = l.gates.enter(wctx, s.all[0]); err != nil {
+		if err = l.gates.enterInto(wctx, s.all[0], tk); err != nil {
 			return nil, nil, err
 		}
+		t = tk
 	}
 	if c, err = l.conn(wctx); err != nil {
 		t.leave()

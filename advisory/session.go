@@ -3,9 +3,11 @@ package advisory
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgxlock/pgxlock/keys"
 	"github.com/pgxlock/pgxlock/pooltx"
@@ -43,7 +45,8 @@ import (
 // key meanwhile; fn's own error, if any, is joined) or ErrInvalid. A panic in fn destroys
 // the connection, which releases the lock server-side, and is re-raised.
 func (l *Locker) WithLock(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
-	return l.withSession(ctx, []keys.Key{key}, opts, false, fn)
+	a, ks := oneKey(key)
+	return l.withSession(ctx, a, ks, opts, false, fn)
 }
 
 // TryWithLock is WithLock without waiting: when key is held in a
@@ -52,7 +55,8 @@ func (l *Locker) WithLock(ctx context.Context, key keys.Key, opts *Options, fn f
 // Config.LockTimeout, else DefaultTryConnWait (or until ctx ends, if
 // sooner), and then fails with ErrNoConnection, never ErrNotAcquired.
 func (l *Locker) TryWithLock(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
-	return l.withSession(ctx, []keys.Key{key}, opts, true, fn)
+	a, ks := oneKey(key)
+	return l.withSession(ctx, a, ks, opts, true, fn)
 }
 
 // WithLockAll is WithLock for several keys at once, all or nothing. The
@@ -68,25 +72,24 @@ func (l *Locker) TryWithLock(ctx context.Context, key keys.Key, opts *Options, f
 // server with ErrLockTimeout (SQLSTATE 55P03), releases the keys already
 // taken and keeps the connection.
 func (l *Locker) WithLockAll(ctx context.Context, ks []keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
-	return l.withSession(ctx, ks, opts, false, fn)
+	return l.withSession(ctx, &acquired{}, ks, opts, false, fn)
 }
 
 // TryWithLockAll is WithLockAll without waiting: if any key is busy, none
 // stays held and it returns ErrNotAcquired.
 func (l *Locker) TryWithLockAll(ctx context.Context, ks []keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
-	return l.withSession(ctx, ks, opts, true, fn)
+	return l.withSession(ctx, &acquired{}, ks, opts, true, fn)
 }
 
 func (l *Locker) connOptions() *pooltx.ConnOptions {
 	return &pooltx.ConnOptions{CleanupTimeout: l.cfg.CleanupTimeout}
 }
 
-func (l *Locker) withSession(ctx context.Context, ks []keys.Key, opts *Options, try bool, fn func(ctx context.Context, conn *pgx.Conn) error) error {
+func (l *Locker) withSession(ctx context.Context, a *acquired, ks []keys.Key, opts *Options, try bool, fn func(ctx context.Context, conn *pgx.Conn) error) error {
 	if fn == nil {
 		return &LockError{Op: opName(sessionOp(try), opts.shared()), Keys: ks, Err: invalid("nil callback")}
 	}
-	a, err := l.acquireSession(ctx, ks, opts, try)
-	if err != nil {
+	if err := l.acquireSession(ctx, a, ks, opts, try); err != nil {
 		return err
 	}
 	panicked := true
@@ -114,71 +117,88 @@ func sessionOp(try bool) kind {
 	return kindLock
 }
 
-func opName(k kind, shared bool) string {
-	name := [...]string{
+var opNames = func() (n [numKinds][2]string) {
+	for k, name := range [numKinds]string{
 		kindLock:        "lock",
 		kindTryLock:     "try-lock",
 		kindXactLock:    "xact-lock",
 		kindTryXactLock: "try-xact-lock",
 		kindUnlock:      "unlock",
-	}[k]
-	if shared {
-		name += "-shared"
+	} {
+		n[k] = [2]string{name, name + "-shared"}
 	}
-	return name
-}
+	return n
+}()
 
-// acquired is a session lock just taken: the pinned connection that holds
-// it and the trace span it belongs to.
+func opName(k kind, shared bool) string { return opNames[k][b2i(shared)] }
+
+// acquired is the state of one session-scope call and, once the lock is
+// taken, the lock: the pinned connection that holds it and the trace span
+// it belongs to. Everything the call needs on the heap lives in it, so that
+// an uncontended call allocates it and little else; it must not move once
+// in use (its fields point into it).
 type acquired struct {
 	c      *pooltx.Conn
 	s      keySet
 	shared bool
 	op     string
 	span   *span
+
+	key1 [1]keys.Key // the argument of a one-key call (see oneKey)
+	sp   span        // what span points to
+	tk   ticket      // the call's place in the local queue
+	w    serverWait  // the first attempt's lock wait
+}
+
+// oneKey returns the state of a one-key call and key as a slice inside it.
+func oneKey(key keys.Key) (*acquired, []keys.Key) {
+	a := &acquired{}
+	a.key1[0] = key
+	return a, a.key1[:]
 }
 
 // acquireSession validates ks, waits for its turn and a connection, and
-// takes the keys at session level. On error nothing is held or pinned.
-func (l *Locker) acquireSession(ctx context.Context, ks []keys.Key, opts *Options, try bool) (*acquired, error) {
+// takes the keys at session level, filling a, a zero acquired. On error
+// nothing is held or pinned.
+func (l *Locker) acquireSession(ctx context.Context, a *acquired, ks []keys.Key, opts *Options, try bool) error {
 	shared := opts.shared()
 	op := opName(sessionOp(try), shared)
-	s, err := newKeySet(ks, l.cfg.MaxKeys)
-	if err != nil {
-		return nil, &LockError{Op: op, Keys: ks, Err: err}
+	if err := a.s.init(ks, l.cfg.MaxKeys); err != nil {
+		return &LockError{Op: op, Keys: ks, Err: err}
 	}
-	sp := l.startSpan(ctx, ScopeSession, s.all, shared, try)
-	a, err := l.acquireSessionTraced(ctx, &s, op, shared, try, opts)
-	sp.acquired(err)
-	if err != nil {
-		return nil, err
-	}
-	a.span = sp
-	return a, nil
+	a.span = &a.sp
+	l.initSpan(a.span, ctx, ScopeSession, a.s.all, shared, try)
+	err := l.acquireSessionTraced(ctx, a, op, shared, try, opts)
+	a.span.acquired(err)
+	return err
 }
 
-func (l *Locker) acquireSessionTraced(ctx context.Context, s *keySet, op string, shared, try bool, opts *Options) (*acquired, error) {
+func (l *Locker) acquireSessionTraced(ctx context.Context, a *acquired, op string, shared, try bool, opts *Options) error {
+	s := &a.s
 	wctx, stop := l.waitBound(ctx, opts, try)
 	defer stop()
-	c, t, err := l.pin(wctx, s, shared, try)
+	c, t, err := l.pinInto(wctx, s, shared, try, &a.tk)
 	if err != nil {
-		return nil, &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
+		return &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 	}
 	defer t.leave()
+	w := &a.w
 	for retried := false; ; retried = true {
 		err = l.checkProxy(ctx, c, op, s.all)
 		if err == nil {
-			err = l.lockSession(ctx, wctx, c, s, op, shared, try)
+			err = l.lockSession(ctx, wctx, c, s, op, shared, try, w)
 		}
 		if err == nil {
-			return &acquired{c: c, s: *s, shared: shared, op: op}, nil
+			a.c, a.shared, a.op = c, shared, op
+			return nil
 		}
 		if retried || !diedIdle(ctx, wctx, c) {
 			l.unpin(c)
-			return nil, err
+			return err
 		}
+		w = &serverWait{} // the retry's wait: a serverWait is used once
 		if c, err = l.repin(wctx, c); err != nil {
-			return nil, &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
+			return &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 		}
 	}
 }
@@ -194,18 +214,18 @@ func diedIdle(ctx, wctx context.Context, c *pooltx.Conn) bool {
 }
 
 // lockSession takes the keys of s at session level on c; wctx bounds the
-// wait. On any failure nothing stays held by c: the locks a failed or
-// partly granted statement may have left are released, or c is marked
-// dirty.
-func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySet, op string, shared, try bool) error {
+// wait, using w, a zero serverWait. On any failure nothing stays held by c:
+// the locks a failed or partly granted statement may have left are
+// released, or c is marked dirty.
+func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySet, op string, shared, try bool, w *serverWait) error {
 	if !try && wctx.Err() != nil {
 		// Given up before the lock statement was sent: send nothing, so
 		// that no cancel request races the statement (see waitFor).
 		return &LockError{Op: op, Keys: s.all, Err: classify(ctx, context.Cause(wctx))}
 	}
-	w := noWait(ctx)
+	w.ctx = ctx
 	if !try {
-		w = l.waitFor(wctx, c.Conn().PgConn())
+		w.arrange(wctx, c.Conn().PgConn())
 	}
 	defer w.stop()
 
@@ -287,28 +307,25 @@ func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 // fresh bounded context. A false unlock (the lock was not held) or a
 // failure marks c dirty.
 func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, shared bool) error {
-	cctx, cancel := cleanupBound(ctx, c)
-	defer cancel()
 	falses := 0
 	var err error
 	if len(s.all) == 1 {
-		// One key: one simple-protocol string, "unlock; reset". The key
-		// travels as an argument, which pgx renders as a numeric literal.
-		st := &sqlText[kindUnlock][b2i(shared)]
-		var ok bool
-		if v, isInt := s.all[0].Int64(); isInt {
-			err = c.Conn().QueryRow(cctx, st.oneReset1, pgx.QueryExecModeSimpleProtocol, v).Scan(&ok)
-		} else {
-			a, b, _ := s.all[0].Pair()
-			err = c.Conn().QueryRow(cctx, st.oneReset2, pgx.QueryExecModeSimpleProtocol, a, b).Scan(&ok)
-		}
+		// One key: one simple-protocol string, "unlock; reset", sent with
+		// pgconn (the bound is the socket deadline: no context to watch).
+		nc := c.Conn().PgConn().Conn()
+		_ = nc.SetDeadline(time.Now().Add(c.CleanupTimeout()))
+		var held bool
+		held, err = execUnlockReset(c.Conn().PgConn(), s.unlockResetSQL(shared))
+		_ = nc.SetDeadline(time.Time{})
 		if err == nil {
 			c.MarkClean() // the whole string ran: the reset included
-			if !ok {
+			if !held {
 				falses = 1
 			}
 		}
 	} else {
+		cctx, cancel := cleanupBound(ctx, c)
+		defer cancel()
 		b := &pgx.Batch{}
 		s.queue(b, kindUnlock, shared, 0, boolResults(&falses))
 		c.QueueReset(b)
@@ -346,4 +363,33 @@ func cleanupBound(ctx context.Context, c *pooltx.Conn) (context.Context, func())
 	nc := c.Conn().PgConn().Conn()
 	_ = nc.SetDeadline(time.Now().Add(c.CleanupTimeout()))
 	return context.WithoutCancel(ctx), func() { _ = nc.SetDeadline(time.Time{}) }
+}
+
+// execUnlockReset runs the string of keySet.unlockResetSQL on pg and
+// reports the unlock's answer. Any error, or fewer than the three results
+// of "unlock; pg_advisory_unlock_all; RESET ALL", is returned.
+func execUnlockReset(pg *pgconn.PgConn, sql string) (held bool, err error) {
+	mrr := pg.Exec(context.Background(), sql)
+	results := 0
+	for mrr.NextResult() {
+		rr := mrr.ResultReader()
+		if results == 0 {
+			for rr.NextRow() {
+				if v := rr.Values(); len(v) == 1 && string(v[0]) == "t" {
+					held = true
+				}
+			}
+		}
+		if _, rerr := rr.Close(); rerr != nil && err == nil {
+			err = rerr
+		}
+		results++
+	}
+	if cerr := mrr.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	if err == nil && results != 3 {
+		err = fmt.Errorf("advisory: unlock and reset answered %d results of 3", results)
+	}
+	return held, err
 }

@@ -12,7 +12,9 @@ import (
 )
 
 // The SQL below is built once, at init, from the fixed PostgreSQL function
-// names; no input ever reaches SQL text. Keys travel as bind parameters.
+// names; no input ever reaches SQL text. Keys travel as bind parameters,
+// except in the single-key unlock (unlockResetSQL), which writes the key's
+// integers with strconv, as pgx's simple protocol would.
 
 // kind selects the advisory-lock function family.
 type kind uint8
@@ -49,10 +51,6 @@ type statements struct {
 	// applies lock_timeout to each lock wait, and the bound is the whole
 	// call's. A key that is free is granted even when nothing is left.
 	manyBound1, manyBound2 string
-	// oneReset1/2 (unlock only): the single-key statement followed by
-	// pooltx's reset, one string for the simple protocol (one round trip,
-	// and as cheap on the client as a single statement).
-	oneReset1, oneReset2 string
 }
 
 var sqlText [numKinds][2]statements // [kind][shared]
@@ -80,8 +78,6 @@ func init() {
 				oneTimeout2: fmt.Sprintf("SELECT %s($1, $2) FROM (SELECT set_config('lock_timeout', $3, true)) AS s", fn),
 				manyBound1:  fmt.Sprintf("SELECT set_config('lock_timeout', %s, true), %s(k) FROM unnest($1::int8[]) WITH ORDINALITY AS u(k, n) ORDER BY n", leftOf("$2"), fn),
 				manyBound2:  fmt.Sprintf("SELECT set_config('lock_timeout', %s, true), %s(a, b) FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS u(a, b, n) ORDER BY n", leftOf("$3"), fn),
-				oneReset1:   fmt.Sprintf("SELECT %s($1); %s", fn, pooltx.ResetSQL),
-				oneReset2:   fmt.Sprintf("SELECT %s($1, $2); %s", fn, pooltx.ResetSQL),
 			}
 		}
 	}
@@ -111,26 +107,51 @@ const (
 
 // keySet is a validated, sorted, de-duplicated set of keys split by key
 // space, in the order the locks are taken: every int8 key, then every pair.
+// A set of one key keeps it in k1 (all points there) and leaves ints, as
+// and bs empty: the single-key statements take the key from all[0]. After
+// init a keySet must not be modified; a copy stays valid (its all may point
+// into the original's k1, which is never written again).
 type keySet struct {
 	all    []keys.Key
 	ints   []int64
 	as, bs []int32
+
+	k1 [1]keys.Key // storage of all for one key: no allocation
+	// Argument storage for one(): pointers to these fields travel as the
+	// statement's arguments, which pgx dereferences, so that the call
+	// allocates neither an []any nor a boxed int64.
+	argv   [3]any
+	v      int64
+	a, b   int32
+	tmoArg string
 }
 
 func newKeySet(ks []keys.Key, max int) (keySet, error) {
+	var s keySet
+	err := s.init(ks, max)
+	return s, err
+}
+
+// init validates ks and fills s in place (see keySet).
+func (s *keySet) init(ks []keys.Key, max int) error {
 	if len(ks) == 0 {
-		return keySet{}, invalid("no keys")
+		return invalid("no keys")
 	}
 	for i, k := range ks {
 		if k.IsZero() {
-			return keySet{}, invalid("keys[%d] is the zero keys.Key (no key was set; the value 0 is keys.Int64(0))", i)
+			return invalid("keys[%d] is the zero keys.Key (no key was set; the value 0 is keys.Int64(0))", i)
 		}
+	}
+	if len(ks) == 1 {
+		s.k1[0] = ks[0]
+		s.all = s.k1[:]
+		return nil
 	}
 	all := keys.Normalize(ks)
 	if len(all) > max {
-		return keySet{}, invalid("%d keys in one call, more than the cap of %d (Config.MaxKeys)", len(all), max)
+		return invalid("%d keys in one call, more than the cap of %d (Config.MaxKeys)", len(all), max)
 	}
-	s := keySet{all: all}
+	s.all = all
 	for _, k := range all {
 		if v, ok := k.Int64(); ok {
 			s.ints = append(s.ints, v)
@@ -139,24 +160,56 @@ func newKeySet(ks []keys.Key, max int) (keySet, error) {
 			s.bs = append(s.bs, b)
 		}
 	}
-	return s, nil
+	return nil
 }
 
 // one returns the statement and arguments that apply kind to the single
 // key of s (len(s.all) == 1), with the timeout in the statement when set.
+// The arguments point into s: they are valid until the next call of one.
 func (s *keySet) one(k kind, shared bool, timeout string) (string, []any) {
 	st := &sqlText[k][b2i(shared)]
+	s.tmoArg = timeout
 	if v, ok := s.all[0].Int64(); ok {
+		s.v = v
+		s.argv[0] = &s.v
 		if timeout != "" {
-			return st.oneTimeout1, []any{v, timeout}
+			s.argv[1] = &s.tmoArg
+			return st.oneTimeout1, s.argv[:2]
 		}
-		return st.one1, []any{v}
+		return st.one1, s.argv[:1]
 	}
-	a, b, _ := s.all[0].Pair()
+	s.a, s.b, _ = s.all[0].Pair()
+	s.argv[0], s.argv[1] = &s.a, &s.b
 	if timeout != "" {
-		return st.oneTimeout2, []any{a, b, timeout}
+		s.argv[2] = &s.tmoArg
+		return st.oneTimeout2, s.argv[:3]
 	}
-	return st.one2, []any{a, b}
+	return st.one2, s.argv[:2]
+}
+
+// unlockResetSQL returns the simple-protocol string that unlocks the single
+// key of s in the given mode and then resets the session (pooltx.ResetSQL):
+// one round trip, three results. The key is written as a numeric literal
+// (strconv, never input text), as pgx's own simple protocol would render it.
+func (s *keySet) unlockResetSQL(shared bool) string {
+	var buf [160]byte
+	b := append(buf[:0], "SELECT "...)
+	b = append(b, funcNames[kindUnlock]...)
+	if shared {
+		b = append(b, "_shared"...)
+	}
+	b = append(b, '(')
+	if v, ok := s.all[0].Int64(); ok {
+		b = strconv.AppendInt(b, v, 10)
+	} else {
+		x, y, _ := s.all[0].Pair()
+		b = strconv.AppendInt(b, int64(x), 10)
+		b = append(b, ", "...)
+		b = strconv.AppendInt(b, int64(y), 10)
+	}
+	b = append(b, "); "...)
+	b = append(b, pooltx.ResetSQL...)
+	return string(b)
 }
 
 // queue adds the statements that apply kind to every key of s to b, in lock

@@ -159,12 +159,18 @@ type span struct {
 }
 
 func (l *Locker) startSpan(ctx context.Context, scope Scope, ks []keys.Key, shared, try bool) *span {
-	s := &span{l: l, ctx: ctx, start: time.Now(),
+	s := &span{}
+	l.initSpan(s, ctx, scope, ks, shared, try)
+	return s
+}
+
+// initSpan is startSpan in place, for a span kept in a call's state.
+func (l *Locker) initSpan(s *span, ctx context.Context, scope Scope, ks []keys.Key, shared, try bool) {
+	*s = span{l: l, ctx: ctx, start: time.Now(),
 		data: TraceAcquireStartData{Keys: ks, Scope: scope, Shared: shared, Try: try}}
 	if l.cfg.Tracer != nil {
 		s.ctx = l.cfg.Tracer.TraceAcquireStart(ctx, s.data)
 	}
-	return s
 }
 
 // acquired ends the acquisition with err (nil: acquired).

@@ -39,14 +39,18 @@ import (
 // pooltx.ErrCommitUnknown (COMMIT went unanswered: the work may or may not
 // be committed; the connection is destroyed).
 func (l *Locker) WithXactLock(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	return l.withXact(ctx, []keys.Key{key}, opts, false, fn)
+	x := &xactCall{}
+	x.key1[0] = key
+	return l.withXact(ctx, x, x.key1[:], opts, false, fn)
 }
 
 // TryWithXactLock is WithXactLock without waiting: when key is busy the
 // transaction is rolled back, fn does not run and the error matches
 // ErrNotAcquired.
 func (l *Locker) TryWithXactLock(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	return l.withXact(ctx, []keys.Key{key}, opts, true, fn)
+	x := &xactCall{}
+	x.key1[0] = key
+	return l.withXact(ctx, x, x.key1[:], opts, true, fn)
 }
 
 // WithXactLockAll is WithXactLock for several keys, sorted, de-duplicated
@@ -55,14 +59,14 @@ func (l *Locker) TryWithXactLock(ctx context.Context, key keys.Key, opts *Option
 // ctx's deadline bound the whole wait, all keys together, on the server:
 // reaching it gives ErrLockTimeout (55P03) and keeps the connection.
 func (l *Locker) WithXactLockAll(ctx context.Context, ks []keys.Key, opts *Options, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	return l.withXact(ctx, ks, opts, false, fn)
+	return l.withXact(ctx, &xactCall{}, ks, opts, false, fn)
 }
 
 // TryWithXactLockAll is WithXactLockAll without waiting: if any key is
 // busy, the transaction is rolled back and the error matches
 // ErrNotAcquired.
 func (l *Locker) TryWithXactLockAll(ctx context.Context, ks []keys.Key, opts *Options, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	return l.withXact(ctx, ks, opts, true, fn)
+	return l.withXact(ctx, &xactCall{}, ks, opts, true, fn)
 }
 
 func xactOp(try bool) kind {
@@ -72,20 +76,34 @@ func xactOp(try bool) kind {
 	return kindXactLock
 }
 
-func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try bool, fn func(ctx context.Context, tx pgx.Tx) error) error {
+// xactCall is the state of one transaction-scope call, allocated once per
+// call: every part of it that must be on the heap lives here. It must not
+// move once in use (its fields point into it).
+type xactCall struct {
+	x    xactAttempt
+	s    keySet
+	key1 [1]keys.Key // the argument of a one-key call
+	sp   span
+	tk   ticket
+	w    serverWait // the first attempt's lock wait
+	opts pooltx.TxOptions
+}
+
+func (l *Locker) withXact(ctx context.Context, call *xactCall, ks []keys.Key, opts *Options, try bool, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	shared := opts.shared()
 	op := opName(xactOp(try), shared)
 	if fn == nil {
 		return &LockError{Op: op, Keys: ks, Err: invalid("nil callback")}
 	}
-	s, err := newKeySet(ks, l.cfg.MaxKeys)
-	if err != nil {
+	s := &call.s
+	if err := s.init(ks, l.cfg.MaxKeys); err != nil {
 		return &LockError{Op: op, Keys: ks, Err: err}
 	}
-	sp := l.startSpan(ctx, ScopeXact, s.all, shared, try)
+	sp := &call.sp
+	l.initSpan(sp, ctx, ScopeXact, s.all, shared, try)
 	wctx, stopBound := l.waitBound(ctx, opts, try)
 	defer stopBound()
-	c, t, err := l.pin(wctx, &s, shared, try)
+	c, t, err := l.pinInto(wctx, s, shared, try, &call.tk)
 	if err != nil {
 		err = &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 		sp.acquired(err)
@@ -94,8 +112,13 @@ func (l *Locker) withXact(ctx context.Context, ks []keys.Key, opts *Options, try
 	defer func() { l.unpin(c) }()
 	defer t.leave() // idempotent: a second leave finds nothing taken
 
+	x := &call.x
 	for retried := false; ; retried = true {
-		x := xactAttempt{l: l, ctx: ctx, wctx: wctx, c: c, t: t, s: &s, op: op, shared: shared, try: try, sp: sp}
+		w := &call.w
+		if retried {
+			w = &serverWait{} // a serverWait is used once
+		}
+		*x = xactAttempt{l: l, ctx: ctx, wctx: wctx, c: c, t: t, s: s, op: op, shared: shared, try: try, sp: sp, w: w, txOpts: &call.opts}
 		err = x.run(fn)
 		if x.inFn {
 			sp.released(nil)
@@ -129,7 +152,27 @@ type xactAttempt struct {
 	shared    bool
 	try       bool
 	sp        *span
-	inFn      bool // fn was called: the lock was acquired
+	w         *serverWait       // zero: the attempt's lock wait
+	txOpts    *pooltx.TxOptions // zero: filled by run
+	inFn      bool              // fn was called: the lock was acquired
+
+	// Filled by run for preamble.
+	timeout string
+	bound   time.Duration
+	check   func(pgx.Rows) error
+	falses  int
+}
+
+// preamble queues the statements that follow BEGIN: the wait's
+// lock_timeout, the locks, and the restore of lock_timeout.
+func (x *xactAttempt) preamble(b *pgx.Batch) {
+	if x.timeout != "" {
+		b.Queue(sqlSetTimeout, &x.timeout) // a pointer: no boxing
+	}
+	x.s.queue(b, xactOp(x.try), x.shared, x.bound, x.check)
+	if x.timeout != "" {
+		b.Queue(sqlRestoreTimeout)
+	}
 }
 
 // run begins, locks and, when the locks were granted in time, runs fn and
@@ -142,47 +185,35 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 		// that no cancel request races them (see Locker.waitFor).
 		return &LockError{Op: x.op, Keys: x.s.all, Err: classify(ctx, context.Cause(wctx))}
 	}
-	w := noWait(ctx)
+	w := x.w
+	w.ctx = ctx
 	if !x.try {
-		w = x.l.waitFor(wctx, c.Conn().PgConn())
+		w.arrange(wctx, c.Conn().PgConn())
 	}
 	defer w.stop()
 	// The wait's bound becomes the transaction's lock_timeout between the
 	// save and the restore; several keys share it (see keySet.queue).
-	timeout, bound := "", time.Duration(0)
 	if w.bound > 0 {
-		timeout = formatTimeout(w.bound)
+		x.timeout = formatTimeout(w.bound)
 		if len(x.s.all) > 1 {
-			bound = w.bound
+			x.bound = w.bound
 		}
 	}
 
-	falses := 0
-	var check func(pgx.Rows) error // void results: errors only
-	if x.try {
-		bools := boolResults(&falses)
-		check = func(rows pgx.Rows) error {
+	if x.try { // else void results: errors only
+		bools := boolResults(&x.falses)
+		x.check = func(rows pgx.Rows) error {
 			if err := bools(rows); err != nil {
 				return err
 			}
-			if falses > 0 {
+			if x.falses > 0 {
 				return ErrNotAcquired // rolls back: every key taken goes with it
 			}
 			return nil
 		}
 	}
-	txOpts := &pooltx.TxOptions{
-		PreambleContext: w.ctx,
-		Preamble: func(b *pgx.Batch) {
-			if timeout != "" {
-				b.Queue(sqlSetTimeout, timeout)
-			}
-			x.s.queue(b, xactOp(x.try), x.shared, bound, check)
-			if timeout != "" {
-				b.Queue(sqlRestoreTimeout)
-			}
-		},
-	}
+	txOpts := x.txOpts
+	*txOpts = pooltx.TxOptions{PreambleContext: w.ctx, Preamble: x.preamble}
 
 	returned := false
 	defer func() {
@@ -210,7 +241,7 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 	}
 	w.stop()
 	w.settle(c, err) // a pending cancel request makes c unfit for the pool
-	if falses > 0 {
+	if x.falses > 0 {
 		return &LockError{Op: x.op, Keys: x.s.all, Err: join(ErrNotAcquired, ctx.Err())}
 	}
 	return &LockError{Op: x.op, Keys: x.s.all, Err: classify(ctx, err)}

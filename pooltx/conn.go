@@ -51,6 +51,12 @@ type Conn struct {
 	timeout time.Duration
 	dirty   error
 	clean   bool // the session is known to be as the pool gave it: Release skips the reset
+
+	// The batch that begins a transaction ([Conn.Tx]), kept here so that
+	// a transaction allocates neither it nor, for up to len(queued)
+	// statements, its queue.
+	batch  pgx.Batch
+	queued [4]*pgx.QueuedQuery
 }
 
 // Acquire pins one connection of pool. ctx governs only the wait for a
@@ -220,7 +226,7 @@ func WithConn(ctx context.Context, pool *pgxpool.Pool, opts *ConnOptions, fn fun
 		return err
 	}
 	defer c.Release()
-	return runGuarded(c, func() error { return fn(ctx, c) })
+	return runGuarded(c, fn, ctx, c)
 }
 
 // WithConnValue is [WithConn] for a callback that returns a value.
@@ -234,9 +240,10 @@ func WithConnValue[T any](ctx context.Context, pool *pgxpool.Pool, opts *ConnOpt
 	return v, err
 }
 
-// runGuarded runs fn; when fn panics it marks c dirty, releases (destroys)
-// it, and re-raises the panic.
-func runGuarded(c *Conn, fn func() error) (err error) {
+// runGuarded runs fn(a, b); when fn panics it marks c dirty, releases
+// (destroys) it, and re-raises the panic. fn takes its arguments from here,
+// not from a closure, which would cost an allocation per call.
+func runGuarded[A, B any](c *Conn, fn func(A, B) error, a A, b B) (err error) {
 	panicked := true
 	defer func() {
 		if !panicked {
@@ -252,7 +259,7 @@ func runGuarded(c *Conn, fn func() error) (err error) {
 		c.Destroy(fmt.Errorf("pooltx: callback panicked: %v", r))
 		panic(r)
 	}()
-	err = fn()
+	err = fn(a, b)
 	panicked = false
 	return err
 }

@@ -95,7 +95,9 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 		opts = &TxOptions{}
 	}
 	c.clean = false
-	b := &pgx.Batch{}
+	c.batch = pgx.Batch{QueuedQueries: c.queued[:0]}
+	clear(c.queued[:])
+	b := &c.batch
 	b.BeginTx(opts.Tx)
 	if opts.Preamble != nil {
 		opts.Preamble(b)
@@ -112,7 +114,7 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 		return joinCleanup(err, c.rollback(ctx))
 	}
 
-	if fnErr := runGuarded(c, func() error { return fn(ctx, tx) }); fnErr != nil {
+	if fnErr := runGuarded(c, fn, ctx, tx); fnErr != nil {
 		return joinCleanup(fnErr, c.rollback(ctx))
 	}
 	return c.commit(ctx)
