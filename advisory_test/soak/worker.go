@@ -1,0 +1,431 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgxlock/pgxlock/advisory"
+	"github.com/pgxlock/pgxlock/keys"
+)
+
+// workerEnv carries a workerSpec (JSON) to a worker process: the soak binary (or its
+// test binary) re-executed with it set runs [worker] instead of the parent.
+const workerEnv = "PGXLOCK_SOAK_WORKER"
+
+// workerSpec tells a worker process what to do.
+type workerSpec struct {
+	Index      int      // the worker's number; its clients are Index*Goroutines + g
+	DSN        string   // the database; its host and port are replaced by these:
+	LockHosts  []string // the lock pool's hosts (proxies that the netcut fault cuts)
+	ObsHosts   []string // the observer's (proxies never cut)
+	ReadWrite  bool     // several hosts: connect only to the one that takes writes
+	App        string   // application_name of the lock pool; the observer's adds "-obs"
+	Keys       []int64  // the contended keys
+	Goroutines int
+	Journal    string        // where the events go (JSON lines)
+	Seed       uint64        // random choices
+	OpTimeout  time.Duration // bounds one operation (acquire, section, release)
+	Heartbeat  time.Duration // advisory Config.HeartbeatInterval and HeartbeatTimeout
+}
+
+// workerStats are a worker's cumulative counters, printed as one JSON line on stdout
+// every second and at exit.
+type workerStats struct {
+	Index     int            `json:"worker"`
+	Acquired  int64          `json:"acquired"`
+	Busy      int64          `json:"busy"`
+	Timeouts  int64          `json:"timeouts"`
+	Lost      int64          `json:"lost"`      // sections whose lock call reported ErrLockLost
+	Cancelled int64          `json:"cancelled"` // operations cancelled on the parent's SIGUSR1
+	Unknown   int64          `json:"unknown"`   // lost or failed ops whose release was never confirmed
+	Errors    map[string]int `json:"errors"`    // by class
+	Final     bool           `json:"final,omitempty"`
+}
+
+// worker runs one worker process until its stdin closes (the parent's stop signal, or the
+// parent's death), then lets every goroutine finish its operation, writes the journal
+// and exits. It never runs longer than the spec's OpTimeout after stdin closes, plus the
+// pool's close.
+func worker(raw string) int {
+	var spec workerSpec
+	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+		fmt.Fprintf(os.Stderr, "soak worker: bad spec: %v\n", err)
+		return 2
+	}
+	if err := runWorker(spec); err != nil {
+		fmt.Fprintf(os.Stderr, "soak worker %d: %v\n", spec.Index, err)
+		return 1
+	}
+	return 0
+}
+
+func runWorker(spec workerSpec) error {
+	stop := make(chan struct{})
+	go func() { // ends with the process
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		close(stop)
+	}()
+	ctx := context.Background()
+
+	pool, err := newWorkerPool(ctx, spec, spec.LockHosts, spec.App, int32(spec.Goroutines)+2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	obs, err := newWorkerPool(ctx, spec, spec.ObsHosts, spec.App+"-obs", 4)
+	if err != nil {
+		return err
+	}
+	defer obs.Close()
+	l, err := advisory.New(pool, advisory.Config{HeartbeatInterval: spec.Heartbeat, HeartbeatTimeout: spec.Heartbeat})
+	if err != nil {
+		return err
+	}
+	j, err := createJournal(spec.Journal)
+	if err != nil {
+		return err
+	}
+
+	w := &workerRun{spec: spec, l: l, obs: obs, j: j, cancels: make([]atomic.Pointer[context.CancelCauseFunc], spec.Goroutines)}
+	w.stats.Index = spec.Index
+	w.stats.Errors = map[string]int{}
+
+	// SIGUSR1 from the parent: cancel the operation of one random goroutine.
+	sig := make(chan os.Signal, 16)
+	signal.Notify(sig, syscall.SIGUSR1)
+	defer signal.Stop(sig)
+	rng := rand.New(rand.NewPCG(spec.Seed, 1))
+	sigDone := make(chan struct{})
+	go func() { // owned: ends when sig is closed below
+		defer close(sigDone)
+		for range sig {
+			for range len(w.cancels) { // a few tries to find a busy goroutine
+				if c := w.cancels[rng.IntN(len(w.cancels))].Load(); c != nil {
+					(*c)(errInjectedCancel)
+					w.count(func(s *workerStats) { s.Cancelled++ })
+					break
+				}
+			}
+		}
+	}()
+
+	var tick sync.WaitGroup
+	tickStop := make(chan struct{})
+	tick.Add(1)
+	go func() {
+		defer tick.Done()
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-tickStop:
+				return
+			case <-t.C:
+				w.printStats(false)
+			}
+		}
+	}()
+
+	var wg sync.WaitGroup
+	for g := range spec.Goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(spec.Seed, uint64(g)+2))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				w.op(rng, g)
+			}
+		}()
+	}
+	wg.Wait()
+	signal.Stop(sig)
+	close(sig)
+	<-sigDone
+	close(tickStop)
+	tick.Wait()
+	jerr := j.close()
+	w.printStats(true)
+	return jerr
+}
+
+var errInjectedCancel = errors.New("soak: cancelled by the parent (injected fault)")
+
+func newWorkerPool(ctx context.Context, spec workerSpec, hosts []string, app string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := poolConfig(spec.DSN, hosts, spec.ReadWrite, app, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// errorClass names the kind of an operation's error for the counts.
+func errorClass(err error) string {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, advisory.ErrLockLost):
+		return "lock lost"
+	case errors.Is(err, advisory.ErrNotAcquired):
+		return "busy"
+	case errors.Is(err, advisory.ErrLockTimeout):
+		return "lock timeout"
+	case errors.Is(err, errInjectedCancel):
+		return "cancelled (injected)"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "op timeout"
+	case errors.Is(err, advisory.ErrNoConnection):
+		return "no connection"
+	case errors.As(err, &pgErr):
+		return "sqlstate " + pgErr.Code
+	case pgconn.Timeout(err):
+		return "network timeout"
+	}
+	return "connection/other"
+}
+
+// workerRun is the state of one worker process.
+type workerRun struct {
+	spec    workerSpec
+	l       *advisory.Locker
+	obs     *pgxpool.Pool
+	j       *journal
+	cancels []atomic.Pointer[context.CancelCauseFunc] // per goroutine: its operation's cancel
+
+	mu    sync.Mutex
+	stats workerStats
+}
+
+func (w *workerRun) count(f func(*workerStats)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f(&w.stats)
+}
+
+func (w *workerRun) printStats(final bool) {
+	w.mu.Lock()
+	w.stats.Final = final
+	b, err := json.Marshal(w.stats)
+	w.mu.Unlock()
+	if err == nil {
+		fmt.Fprintf(os.Stdout, "%s\n", b)
+	}
+}
+
+// apis are the ways an operation takes a lock.
+var apis = []string{"Lock", "TryLock", "Hold", "TryHold", "WithLock", "TryWithLock", "WithXactLock", "TryWithXactLock"}
+
+// op runs one random operation of goroutine g and records it.
+func (w *workerRun) op(rng *rand.Rand, g int) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	ctx, cancelT := context.WithTimeout(ctx, w.spec.OpTimeout)
+	defer cancelT()
+	w.cancels[g].Store(&cancel)
+	defer w.cancels[g].Store(nil)
+
+	ki := rng.IntN(len(w.spec.Keys))
+	key := keys.Int64(w.spec.Keys[ki])
+	via := apis[rng.IntN(len(apis))]
+	opts := &advisory.Options{Shared: rng.IntN(5) == 0}
+	if rng.IntN(5) == 0 {
+		opts.Timeout = time.Duration(10+rng.IntN(90)) * time.Millisecond
+	}
+	// Most sections are short; one in ten is long enough for a fault to land inside.
+	hold := time.Duration(rng.Int64N(int64(5 * time.Millisecond)))
+	if rng.IntN(10) == 0 {
+		hold = time.Duration(20+rng.IntN(180)) * time.Millisecond
+	}
+	// work is the critical section: a query on the lock's connection or transaction
+	// when there is one, then a short hold that ends early if ctx does.
+	work := func(ctx context.Context, q execer) error {
+		if q != nil {
+			if _, err := q.Exec(ctx, "SELECT 1"); err != nil {
+				return err
+			}
+		}
+		t := time.NewTimer(hold)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-t.C:
+			return nil
+		}
+	}
+
+	client := w.spec.Index*w.spec.Goroutines + g
+	var entered, exited int64 // monotonic times; 0: not reached
+	t0 := monoNow()
+	var err error
+	switch via {
+	case "Lock", "TryLock":
+		var h *advisory.Lock
+		if via == "Lock" {
+			h, err = w.l.Lock(ctx, key, opts)
+		} else {
+			h, err = w.l.TryLock(ctx, key, opts)
+		}
+		if err == nil {
+			entered = monoNow()
+			werr := work(ctx, nil)
+			select {
+			case <-h.Done():
+				werr = errors.Join(werr, h.Err())
+			default:
+			}
+			exited = monoNow()
+			err = errors.Join(werr, h.Unlock(ctx))
+		}
+	case "Hold", "TryHold":
+		fn := func(ctx context.Context) error {
+			entered = monoNow()
+			werr := work(ctx, nil)
+			exited = monoNow()
+			return werr
+		}
+		if via == "Hold" {
+			err = w.l.Hold(ctx, key, opts, fn)
+		} else {
+			err = w.l.TryHold(ctx, key, opts, fn)
+		}
+	case "WithLock", "TryWithLock":
+		fn := func(ctx context.Context, conn *pgx.Conn) error {
+			entered = monoNow()
+			werr := work(ctx, conn)
+			exited = monoNow()
+			return werr
+		}
+		if via == "WithLock" {
+			err = w.l.WithLock(ctx, key, opts, fn)
+		} else {
+			err = w.l.TryWithLock(ctx, key, opts, fn)
+		}
+	case "WithXactLock", "TryWithXactLock":
+		fn := func(ctx context.Context, tx pgx.Tx) error {
+			entered = monoNow()
+			werr := work(ctx, tx)
+			exited = monoNow()
+			return werr
+		}
+		if via == "WithXactLock" {
+			err = w.l.WithXactLock(ctx, key, opts, fn)
+		} else {
+			err = w.l.TryWithXactLock(ctx, key, opts, fn)
+		}
+	}
+	t1 := monoNow()
+
+	ev := event{Client: client, Key: ki, Shared: opts.Shared, Via: via}
+	if errors.Is(context.Cause(ctx), errInjectedCancel) {
+		ev.Via += "+cancel"
+	}
+	if errors.Is(err, advisory.ErrLockLost) {
+		w.count(func(s *workerStats) { s.Lost++ })
+	}
+	if err != nil {
+		w.count(func(s *workerStats) { s.Errors[errorClass(err)]++ })
+	}
+	if entered == 0 {
+		ev.Op, ev.Call = "acquire", t0
+		switch {
+		case err == nil:
+			// Unreachable: every form runs its section when it returns nil.
+			ev.Result, ev.Return = "failed", t1
+		case errors.Is(err, advisory.ErrNotAcquired):
+			ev.Result, ev.Return = "busy", t1
+			w.count(func(s *workerStats) { s.Busy++ })
+		case errors.Is(err, advisory.ErrLockTimeout):
+			ev.Result, ev.Return = "timeout", t1
+			w.count(func(s *workerStats) { s.Timeouts++ })
+		default:
+			// The call may have held the key for a moment on a connection it then
+			// destroyed: the event ends when pg_locks shows that is over.
+			ev.Result, ev.Return = "failed", w.confirmGone(key)
+		}
+		w.j.add(ev)
+		return
+	}
+	w.count(func(s *workerStats) { s.Acquired++ })
+	acq := ev
+	acq.Op, acq.Result, acq.Call, acq.Return = "acquire", "ok", t0, entered
+	w.j.add(acq)
+	end := ev
+	end.Result = "ok"
+	if err == nil {
+		end.Op, end.Call, end.Return = "release", exited, t1
+	} else {
+		end.Op, end.Call, end.Return = "lost", entered, w.confirmGone(key)
+	}
+	w.j.add(end)
+}
+
+// confirmGone returns the monotonic time at which pg_locks (through the observer pool,
+// which bypasses the proxies) was seen with none of the backends of this worker's lock
+// pool that held key when it was called still holding it: from then on, a lock this
+// worker's failed operation may have left on the server is gone. It returns -1 if it
+// cannot tell within 30 s (the server unreachable all that time).
+func (w *workerRun) confirmGone(key keys.Key) int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var pids []int32 // holders when called; nil until read
+	for {
+		ls, err := advisory.ListLocks(ctx, w.obs, key)
+		if err == nil {
+			seen := monoNow()
+			var now []int32
+			for _, li := range ls {
+				if li.Granted && li.ApplicationName == w.spec.App {
+					now = append(now, li.PID)
+				}
+			}
+			if pids == nil {
+				pids = now
+				if len(pids) == 0 {
+					return seen
+				}
+			} else if !overlap(pids, now) {
+				return seen
+			}
+		}
+		select {
+		case <-ctx.Done():
+			w.count(func(s *workerStats) { s.Unknown++ })
+			return -1
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// execer is what a critical section queries: the lock's *pgx.Conn or pgx.Tx.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func overlap(a, b []int32) bool {
+	for _, x := range a {
+		for _, y := range b {
+			if x == y {
+				return true
+			}
+		}
+	}
+	return false
+}
