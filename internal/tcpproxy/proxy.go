@@ -15,13 +15,13 @@ import (
 // connections it carries without closing them: a silent network partition, as seen from
 // both ends (sockets open, nothing arrives). Every goroutine it starts ends by Close.
 type Proxy struct {
-	ln              net.Listener
-	network, target string
+	ln net.Listener
 
-	mu     sync.Mutex
-	links  map[*link]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	mu              sync.Mutex
+	network, target string // where new connections go
+	links           map[*link]struct{}
+	closed          bool
+	wg              sync.WaitGroup
 
 	clientBytes atomic.Int64 // forwarded from clients to the server
 }
@@ -65,7 +65,10 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return // closed
 		}
-		s, err := net.Dial(p.network, p.target)
+		p.mu.Lock()
+		network, target := p.network, p.target
+		p.mu.Unlock()
+		s, err := net.Dial(network, target)
 		if err != nil {
 			_ = c.Close()
 			continue
@@ -116,6 +119,14 @@ func (p *Proxy) pump(l *link, dst, src net.Conn, count *atomic.Int64) {
 			return
 		}
 	}
+}
+
+// SetTarget sends the connections accepted from now on to network/target (a failover
+// to another server); connections open now keep their server.
+func (p *Proxy) SetTarget(network, target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.network, p.target = network, target
 }
 
 // ClientBytes returns how many bytes clients have sent through the proxy.
