@@ -19,12 +19,16 @@ import (
 // database is the server(s) of a run: a throwaway cluster (and standby) it started, or
 // a server it was given.
 type database struct {
-	dsn      string
-	targets  [][2]string // network, address of each server, primary first
-	primary  *pglaunch.Cluster
-	restart  func(context.Context) error // nil without a cluster of our own
-	failover func(context.Context) error // nil without a standby
-	stops    []func()
+	dsn     string
+	targets [][2]string // network, address of each server, primary first
+	primary *pglaunch.Cluster
+	standby *pglaunch.Cluster // with -standby; a failover replaces it
+	servers []server          // the proxies of targets, in the same order
+	// primarySlot is the index in servers of the primary (with a standby).
+	primarySlot int
+	restart     func(context.Context) error // nil without a cluster of our own
+	failover    func(context.Context) error // nil without a standby
+	stops       []func()
 }
 
 // startDB starts the throwaway cluster(s), or parses -dsn.
@@ -80,6 +84,7 @@ func (db *database) proxies() ([]server, error) {
 		}
 		out = append(out, server{lock: lock, obs: obs})
 	}
+	db.servers = out
 	return out, nil
 }
 

@@ -72,7 +72,8 @@ type injector struct {
 	restart   func(context.Context) error // nil: not available
 	failover  func(context.Context) error // nil: not available
 	rng       *rand.Rand
-	signalled int // SIGUSR1 sent
+	signalled int    // SIGUSR1 sent
+	note      string // why the last fault was not injected (for -v)
 }
 
 func (in *injector) inject(ctx context.Context, kind string) (bool, error) {
@@ -104,18 +105,21 @@ func (in *injector) terminate(ctx context.Context) (bool, error) {
 		var n int
 		err := in.admin.QueryRow(qctx, `
 			SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM (
-				SELECT DISTINCT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-				WHERE l.locktype = 'advisory' AND l.granted AND a.application_name LIKE $1
-				ORDER BY random() LIMIT 1) s`, in.lockApps).Scan(&n)
+				SELECT pid FROM (
+					SELECT DISTINCT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+					WHERE l.locktype = 'advisory' AND l.granted AND a.application_name LIKE $1) holders
+				ORDER BY random() LIMIT 1) victim`, in.lockApps).Scan(&n)
 		cancel()
 		if err != nil {
 			// The server may be restarting or failing over: not this fault's business.
+			in.note = err.Error()
 			return false, nil
 		}
 		if n > 0 {
 			return true, nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
+			in.note = "no holder found"
 			return false, nil
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -140,6 +144,7 @@ func (in *injector) netcut(ctx context.Context) bool {
 	for _, p := range in.proxies {
 		n += p.Cut()
 	}
+	in.note = fmt.Sprintf("%d connections cut", n)
 	select {
 	case <-ctx.Done():
 	case <-time.After(in.cutFor):

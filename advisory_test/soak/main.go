@@ -74,6 +74,7 @@ type config struct {
 	Heartbeat  time.Duration
 	CheckLimit time.Duration
 	HTML       string // where the visualisation goes on failure; "" means a file in os.TempDir
+	Verbose    bool   // print the workers' stderr at the end
 }
 
 func defaultConfig() config {
@@ -99,5 +100,6 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.OpTimeout, "op-timeout", c.OpTimeout, "bound on one operation")
 	fs.DurationVar(&c.Heartbeat, "heartbeat", c.Heartbeat, "advisory heartbeat interval and timeout")
 	fs.DurationVar(&c.CheckLimit, "check-timeout", c.CheckLimit, "bound on the linearizability check")
+	fs.BoolVar(&c.Verbose, "v", false, "print the workers' diagnostics (first errors of unexpected classes) at the end")
 	fs.StringVar(&c.HTML, "html", "", "file for porcupine's visualisation if the check fails (default: a new file in the temp dir)")
 }

@@ -257,6 +257,10 @@ func run(ctx context.Context, cfg config, out io.Writer) (*result, error) {
 		kind := order[0]
 		order = order[1:]
 		ok, err := in.inject(ctx, kind)
+		if cfg.Verbose {
+			fmt.Fprintf(out, "soak: %v: fault %s: injected %v %s\n", time.Since(started).Round(time.Millisecond), kind, ok, in.note)
+		}
+		in.note = ""
 		if err != nil {
 			faultErr = fmt.Errorf("inject %s: %w", kind, err)
 		}
@@ -300,6 +304,9 @@ func run(ctx context.Context, cfg config, out io.Writer) (*result, error) {
 
 	var werrs []error
 	for _, w := range workers {
+		if cfg.Verbose && w.stderr.String() != "" {
+			fmt.Fprintf(out, "soak: worker %d diagnostics:\n%s", w.index, w.stderr.String())
+		}
 		if w.err != nil {
 			werrs = append(werrs, fmt.Errorf("worker %d: %v\n%s", w.index, w.err, w.stderr.String()))
 		}

@@ -198,8 +198,10 @@ func errorClass(err error) string {
 	case pgconn.Timeout(err):
 		return "network timeout"
 	}
-	return "connection/other"
+	return classOther
 }
+
+const classOther = "connection/other"
 
 // workerRun is the state of one worker process.
 type workerRun struct {
@@ -341,7 +343,13 @@ func (w *workerRun) op(rng *rand.Rand, g int) {
 		w.count(func(s *workerStats) { s.Lost++ })
 	}
 	if err != nil {
-		w.count(func(s *workerStats) { s.Errors[errorClass(err)]++ })
+		class := errorClass(err)
+		w.count(func(s *workerStats) {
+			s.Errors[class]++
+			if class == classOther && s.Errors[class] <= 3 {
+				fmt.Fprintf(os.Stderr, "worker %d: %s: %v\n", w.spec.Index, via, err) // shown with -v
+			}
+		})
 	}
 	if entered == 0 {
 		ev.Op, ev.Call = "acquire", t0
