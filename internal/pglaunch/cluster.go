@@ -52,6 +52,10 @@ type Cluster struct {
 	port    int
 	r       *runner
 	log     io.Writer
+	// settings are Options.Settings, which a standby of this cluster inherits.
+	settings map[string]string
+	// standby is set on a cluster made by StartStandby (replication state); nil otherwise.
+	standby *standbyState
 
 	mu      sync.Mutex
 	stopped bool
@@ -90,12 +94,13 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	r.dir = dir
 	c := &Cluster{
-		binDir:  binDir,
-		dir:     dir,
-		dataDir: filepath.Join(dir, "data"),
-		logFile: filepath.Join(dir, "server.log"),
-		r:       r,
-		log:     opts.Log,
+		binDir:   binDir,
+		dir:      dir,
+		dataDir:  filepath.Join(dir, "data"),
+		logFile:  filepath.Join(dir, "server.log"),
+		r:        r,
+		log:      opts.Log,
+		settings: opts.Settings,
 	}
 	ok := false
 	defer func() {
@@ -177,7 +182,8 @@ func (c *Cluster) Restart(ctx context.Context) error {
 }
 
 // Stop stops the server (immediate mode: sessions are cut, nothing is flushed) and removes
-// the temporary directory. If pg_ctl fails or ctx ends, the postmaster is signalled
+// the temporary directory. Stopping a primary this way is how a test kills it before
+// promoting its standby: its clients see their connections end. If pg_ctl fails or ctx ends, the postmaster is signalled
 // directly, so the server is gone whatever ctx does. Stop is idempotent: later calls return
 // the first call's result.
 func (c *Cluster) Stop(ctx context.Context) error {
@@ -203,13 +209,17 @@ func (c *Cluster) bin(name string) string { return filepath.Join(c.binDir, name)
 // when the one picked was taken in the meantime.
 func (c *Cluster) configureAndStart(ctx context.Context, extra map[string]string) error {
 	conf := filepath.Join(c.dataDir, "postgresql.conf")
-	f, err := os.OpenFile(conf, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		return fmt.Errorf("pglaunch: %w", err)
-	}
-	_, err = f.WriteString("\n# Added by pglaunch.\ninclude 'pglaunch.conf'\n")
-	if err = errors.Join(err, f.Close()); err != nil {
-		return fmt.Errorf("pglaunch: %w", err)
+	const include = "\n# Added by pglaunch.\ninclude 'pglaunch.conf'\n"
+	// A standby's data directory is a copy of its primary's: the include is there.
+	if b, err := os.ReadFile(conf); err != nil || !strings.Contains(string(b), include) {
+		f, err := os.OpenFile(conf, os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			return fmt.Errorf("pglaunch: %w", err)
+		}
+		_, err = f.WriteString(include)
+		if err = errors.Join(err, f.Close()); err != nil {
+			return fmt.Errorf("pglaunch: %w", err)
+		}
 	}
 
 	const attempts = 5

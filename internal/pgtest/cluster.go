@@ -60,3 +60,28 @@ func Cluster(t testing.TB) *pglaunch.Cluster {
 	})
 	return c
 }
+
+// Replicated starts a private throwaway primary (as [Cluster] does) and a streaming
+// standby of it ([pglaunch.Cluster.StartStandby] with opts), both owned by this test and
+// removed at cleanup (their server logs are logged if the test failed). Like [Cluster] it
+// needs local PostgreSQL server binaries whatever PGXLOCK_TEST_DATABASE says, and fails
+// the test without them. Connect with [pglaunch.MultiHostDSN](primary, standby) to follow
+// a promotion.
+func Replicated(t testing.TB, opts pglaunch.StandbyOptions) (primary, standby *pglaunch.Cluster) {
+	t.Helper()
+	primary = Cluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	standby, err := primary.StartStandby(ctx, opts)
+	if err != nil {
+		t.Fatalf("pgtest: start a standby: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if err := standby.Stop(ctx); err != nil {
+			t.Errorf("pgtest: stop standby: %v", err)
+		}
+	})
+	return primary, standby
+}

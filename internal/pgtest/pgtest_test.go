@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlock/pgxlock/internal/pglaunch"
 )
 
 // recordingTB stands in for a test whose failures and cleanups we want to inspect.
@@ -297,6 +299,33 @@ func TestPrivateCluster(t *testing.T) {
 	assert.NoError(t, c.Stop(ctx), "Stop is idempotent")
 	_, err = pgx.Connect(ctx, c.DSN())
 	assert.Error(t, err)
+}
+
+// Replicated gives a primary and a streaming standby; a pool on the multi-host DSN
+// writes to the primary, and after the primary stops and the standby is promoted, to the
+// standby, which holds what the primary wrote (synchronous replication).
+func TestReplicated(t *testing.T) {
+	primary, standby := Replicated(t, pglaunch.StandbyOptions{Synchronous: true})
+	ctx := ctxT(t)
+	cfg, err := pgxpool.ParseConfig(pglaunch.MultiHostDSN(primary, standby))
+	require.NoError(t, err)
+	pool := NewPool(t, cfg)
+	_, err = pool.Exec(ctx, "CREATE TABLE r (id int); INSERT INTO r VALUES (1)")
+	require.NoError(t, err)
+
+	require.NoError(t, primary.Stop(ctx))
+	require.NoError(t, standby.Promote(ctx))
+	// The pool's connections died with the primary; new ones reach the standby.
+	require.Eventually(t, func() bool {
+		_, err := pool.Exec(ctx, "INSERT INTO r VALUES (2)")
+		return err == nil
+	}, 30*time.Second, 20*time.Millisecond)
+	var dir string
+	require.NoError(t, pool.QueryRow(ctx, "SHOW data_directory").Scan(&dir))
+	assert.Equal(t, standby.DataDir(), dir)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM r").Scan(&n))
+	assert.Equal(t, 2, n)
 }
 
 // DSN insists on Main, which is what stops a throwaway server.
