@@ -58,6 +58,12 @@ func startDB(ctx context.Context, cfg config, out io.Writer) (*database, error) 
 	db.targets = [][2]string{{"tcp", "127.0.0.1:" + strconv.Itoa(c.Port())}}
 	db.restart = func(ctx context.Context) error { return db.primary.Restart(ctx) }
 	fmt.Fprintf(out, "soak: throwaway cluster on port %d started in %v\n", c.Port(), time.Since(t0).Round(time.Millisecond))
+	if cfg.Standby {
+		if err := db.startStandby(sctx, out); err != nil {
+			db.stop()
+			return nil, err
+		}
+	}
 	return db, nil
 }
 
