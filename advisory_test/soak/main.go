@@ -75,6 +75,7 @@ type config struct {
 	CheckLimit time.Duration
 	HTML       string // where the visualisation goes on failure; "" means a file in os.TempDir
 	Verbose    bool   // print the workers' stderr at the end
+	Keep       bool   // keep the workers' histories (JSON lines) and print where
 }
 
 func defaultConfig() config {
@@ -101,5 +102,6 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Heartbeat, "heartbeat", c.Heartbeat, "advisory heartbeat interval and timeout")
 	fs.DurationVar(&c.CheckLimit, "check-timeout", c.CheckLimit, "bound on the linearizability check")
 	fs.BoolVar(&c.Verbose, "v", false, "print the workers' diagnostics (first errors of unexpected classes) at the end")
+	fs.BoolVar(&c.Keep, "keep", false, "keep the workers' recorded histories (JSON lines, internal/history) and print their directory")
 	fs.StringVar(&c.HTML, "html", "", "file for porcupine's visualisation if the check fails (default: a new file in the temp dir)")
 }

@@ -36,10 +36,10 @@ type result struct {
 	Busy      int64
 	Timeouts  int64
 	Lost      int64          // ErrLockLost seen by the workers
-	Unknown   int64          // operations whose end was never confirmed (recorded as open)
+	Unknown   int64          // sections whose end pg_locks never confirmed (open to the end of the history)
 	Faults    map[string]int // injected, by kind
 	Errors    map[string]int // by class
-	Events    int            // in the checked history
+	Events    int            // operations in the checked history
 	CheckTime time.Duration
 	HTML      string // the visualisation, written when the check failed
 	Killed    int    // workers the watchdog had to kill
@@ -121,7 +121,13 @@ func run(ctx context.Context, cfg config, out io.Writer) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(tmp)
+	defer func() {
+		if cfg.Keep {
+			fmt.Fprintf(out, "soak: histories kept in %s\n", tmp)
+			return
+		}
+		_ = os.RemoveAll(tmp)
+	}()
 
 	// The database.
 	db, err := startDB(ctx, cfg, out)
@@ -319,16 +325,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (*result, error) {
 	}
 
 	// The check.
-	var events []event
-	for _, path := range journals {
-		evs, err := readJournal(path)
-		if err != nil {
-			return nil, err
-		}
-		events = append(events, evs...)
-	}
-	res.Events = len(events)
-	if err := check(cfg, events, res); err != nil {
+	if err := check(cfg, journals, nil, res); err != nil {
 		return nil, err
 	}
 	printResult(out, cfg, res, in.signalled)
@@ -461,7 +458,7 @@ func printResult(out io.Writer, cfg config, r *result, signalled int) {
 		fmtCounts(r.Faults), r.Faults[faultCancel], signalled)
 	fmt.Fprintf(out, "soak: losses detected (ErrLockLost): %d; operations whose end pg_locks never confirmed: %d\n", r.Lost, r.Unknown)
 	fmt.Fprintf(out, "soak: errors by class {%s}\n", fmtCounts(r.Errors))
-	fmt.Fprintf(out, "soak: history of %d events checked in %v: %s\n", r.Events, r.CheckTime.Round(time.Millisecond), r.Verdict)
+	fmt.Fprintf(out, "soak: history of %d operations checked in %v: %s\n", r.Events, r.CheckTime.Round(time.Millisecond), r.Verdict)
 	if r.HTML != "" {
 		fmt.Fprintf(out, "soak: visualisation: %s\n", r.HTML)
 	}

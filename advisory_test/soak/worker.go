@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgxlock/pgxlock/advisory"
+	"github.com/pgxlock/pgxlock/internal/history"
 	"github.com/pgxlock/pgxlock/keys"
 )
 
@@ -95,12 +97,14 @@ func runWorker(spec workerSpec) error {
 	if err != nil {
 		return err
 	}
-	j, err := createJournal(spec.Journal)
+	f, err := os.Create(spec.Journal)
 	if err != nil {
 		return err
 	}
+	defer f.Close()
+	rec := history.NewRecorder(spec.App, f)
 
-	w := &workerRun{spec: spec, l: l, obs: obs, j: j, cancels: make([]atomic.Pointer[context.CancelCauseFunc], spec.Goroutines)}
+	w := &workerRun{spec: spec, l: l, obs: obs, rec: rec, cancels: make([]atomic.Pointer[context.CancelCauseFunc], spec.Goroutines)}
 	w.stats.Index = spec.Index
 	w.stats.Errors = map[string]int{}
 
@@ -162,9 +166,8 @@ func runWorker(spec workerSpec) error {
 	<-sigDone
 	close(tickStop)
 	tick.Wait()
-	jerr := j.close()
 	w.printStats(true)
-	return jerr
+	return errors.Join(rec.Err(), f.Close())
 }
 
 var errInjectedCancel = errors.New("soak: cancelled by the parent (injected fault)")
@@ -208,7 +211,7 @@ type workerRun struct {
 	spec    workerSpec
 	l       *advisory.Locker
 	obs     *pgxpool.Pool
-	j       *journal
+	rec     *history.Recorder
 	cancels []atomic.Pointer[context.CancelCauseFunc] // per goroutine: its operation's cancel
 
 	mu    sync.Mutex
@@ -273,9 +276,23 @@ func (w *workerRun) op(rng *rand.Rand, g int) {
 		}
 	}
 
-	client := w.spec.Index*w.spec.Goroutines + g
-	var entered, exited int64 // monotonic times; 0: not reached
-	t0 := monoNow()
+	rec := w.rec
+	client := fmt.Sprintf("w%d.g%d", w.spec.Index, g)
+	keyName := strconv.FormatInt(w.spec.Keys[ki], 10)
+	// The section's events: the acquire (returns when the lock is known held), then a
+	// release (called when the section ends) or, when the call fails after the section
+	// began, a Lost from just after the acquire returned to when pg_locks showed the
+	// key gone from this worker's sessions.
+	acq := rec.Begin(history.Op{Client: client, Key: keyName, Kind: history.Acquire, Shared: opts.Shared})
+	var entered int64 // history.Now() just after the acquire's return; 0: not reached
+	var rel *history.Pending
+	enter := func() {
+		acq.End(history.OK, 0)
+		entered = history.Now()
+	}
+	leave := func() {
+		rel = rec.Begin(history.Op{Client: client, Key: keyName, Kind: history.Release, Shared: opts.Shared})
+	}
 	var err error
 	switch via {
 	case "Lock", "TryLock":
@@ -286,22 +303,21 @@ func (w *workerRun) op(rng *rand.Rand, g int) {
 			h, err = w.l.TryLock(ctx, key, opts)
 		}
 		if err == nil {
-			entered = monoNow()
+			enter()
 			werr := work(ctx, nil)
 			select {
 			case <-h.Done():
 				werr = errors.Join(werr, h.Err())
 			default:
 			}
-			exited = monoNow()
+			leave()
 			err = errors.Join(werr, h.Unlock(ctx))
 		}
 	case "Hold", "TryHold":
 		fn := func(ctx context.Context) error {
-			entered = monoNow()
-			werr := work(ctx, nil)
-			exited = monoNow()
-			return werr
+			enter()
+			defer leave()
+			return work(ctx, nil)
 		}
 		if via == "Hold" {
 			err = w.l.Hold(ctx, key, opts, fn)
@@ -310,10 +326,9 @@ func (w *workerRun) op(rng *rand.Rand, g int) {
 		}
 	case "WithLock", "TryWithLock":
 		fn := func(ctx context.Context, conn *pgx.Conn) error {
-			entered = monoNow()
-			werr := work(ctx, conn)
-			exited = monoNow()
-			return werr
+			enter()
+			defer leave()
+			return work(ctx, conn)
 		}
 		if via == "WithLock" {
 			err = w.l.WithLock(ctx, key, opts, fn)
@@ -322,10 +337,9 @@ func (w *workerRun) op(rng *rand.Rand, g int) {
 		}
 	case "WithXactLock", "TryWithXactLock":
 		fn := func(ctx context.Context, tx pgx.Tx) error {
-			entered = monoNow()
-			werr := work(ctx, tx)
-			exited = monoNow()
-			return werr
+			enter()
+			defer leave()
+			return work(ctx, tx)
 		}
 		if via == "WithXactLock" {
 			err = w.l.WithXactLock(ctx, key, opts, fn)
@@ -333,12 +347,7 @@ func (w *workerRun) op(rng *rand.Rand, g int) {
 			err = w.l.TryWithXactLock(ctx, key, opts, fn)
 		}
 	}
-	t1 := monoNow()
 
-	ev := event{Client: client, Key: ki, Shared: opts.Shared, Via: via}
-	if errors.Is(context.Cause(ctx), errInjectedCancel) {
-		ev.Via += "+cancel"
-	}
 	if errors.Is(err, advisory.ErrLockLost) {
 		w.count(func(s *workerStats) { s.Lost++ })
 	}
@@ -351,53 +360,66 @@ func (w *workerRun) op(rng *rand.Rand, g int) {
 			}
 		})
 	}
-	if entered == 0 {
-		ev.Op, ev.Call = "acquire", t0
-		switch {
-		case err == nil:
-			// Unreachable: every form runs its section when it returns nil.
-			ev.Result, ev.Return = "failed", t1
-		case errors.Is(err, advisory.ErrNotAcquired):
-			ev.Result, ev.Return = "busy", t1
-			w.count(func(s *workerStats) { s.Busy++ })
-		case errors.Is(err, advisory.ErrLockTimeout):
-			ev.Result, ev.Return = "timeout", t1
-			w.count(func(s *workerStats) { s.Timeouts++ })
-		default:
-			// The call may have held the key for a moment on a connection it then
-			// destroyed: the event ends when pg_locks shows that is over.
-			ev.Result, ev.Return = "failed", w.confirmGone(key)
+	switch {
+	case entered == 0 && err == nil:
+		// Unreachable: every form runs its section when it returns nil.
+		acq.End(history.Unknown, 0)
+	case entered == 0 && errors.Is(err, advisory.ErrNotAcquired):
+		acq.End(history.Busy, 0)
+		w.count(func(s *workerStats) { s.Busy++ })
+	case entered == 0 && errors.Is(err, advisory.ErrLockTimeout):
+		// Not recorded as a Timeout, which the lock model allows only while another
+		// client holds the key: a blocking call that queues in process behind an
+		// earlier call of its Locker (advisory/gate.go) times out while the key is free
+		// on the server when that earlier call is stuck, e.g. on a connection a
+		// network cut silenced. The soak found this; the gate's doc allows it. So a
+		// timeout is checked like any failed acquire: it held the key at no moment
+		// after pg_locks shows it free of this worker's sessions.
+		w.count(func(s *workerStats) { s.Timeouts++ })
+		w.settle(acq, key)
+	case entered == 0:
+		// The call may have held the key for a moment on a connection it then
+		// destroyed: settled once pg_locks shows that is over.
+		w.settle(acq, key)
+	case err == nil:
+		w.count(func(s *workerStats) { s.Acquired++ })
+		rel.End(history.OK, 0)
+	default:
+		w.count(func(s *workerStats) { s.Acquired++ })
+		if w.confirmGone(key) {
+			rec.Lost(client, keyName, entered+1)
+			rel.EndUnknownBy()
+		} else {
+			// Never confirmed: open to the end of the history.
+			rel.End(history.Unknown, 0)
+			w.count(func(s *workerStats) { s.Unknown++ })
 		}
-		w.j.add(ev)
-		return
 	}
-	w.count(func(s *workerStats) { s.Acquired++ })
-	acq := ev
-	acq.Op, acq.Result, acq.Call, acq.Return = "acquire", "ok", t0, entered
-	w.j.add(acq)
-	end := ev
-	end.Result = "ok"
-	if err == nil {
-		end.Op, end.Call, end.Return = "release", exited, t1
-	} else {
-		end.Op, end.Call, end.Return = "lost", entered, w.confirmGone(key)
-	}
-	w.j.add(end)
 }
 
-// confirmGone returns the monotonic time at which pg_locks (through the observer pool,
-// which bypasses the proxies) was seen with none of the backends of this worker's lock
-// pool that held key when it was called still holding it: from then on, a lock this
-// worker's failed operation may have left on the server is gone. It returns -1 if it
-// cannot tell within 30 s (the server unreachable all that time).
-func (w *workerRun) confirmGone(key keys.Key) int64 {
+// settle ends a failed acquire: Unknown, settled when pg_locks shows the key free of this
+// worker's sessions, else open to the end of the history.
+func (w *workerRun) settle(acq *history.Pending, key keys.Key) {
+	if w.confirmGone(key) {
+		acq.EndUnknownBy()
+		return
+	}
+	acq.End(history.Unknown, 0)
+	w.count(func(s *workerStats) { s.Unknown++ })
+}
+
+// confirmGone returns once pg_locks (through the observer pool, which bypasses the
+// proxies) shows none of the backends of this worker's lock pool that held key when it
+// was called still holding it: from then on, a lock this worker's failed operation may
+// have left on the server is gone. It returns false if it cannot tell within 30 s (the
+// server unreachable all that time).
+func (w *workerRun) confirmGone(key keys.Key) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var pids []int32 // holders when called; nil until read
 	for {
 		ls, err := advisory.ListLocks(ctx, w.obs, key)
 		if err == nil {
-			seen := monoNow()
 			var now []int32
 			for _, li := range ls {
 				if li.Granted && li.ApplicationName == w.spec.App {
@@ -407,16 +429,15 @@ func (w *workerRun) confirmGone(key keys.Key) int64 {
 			if pids == nil {
 				pids = now
 				if len(pids) == 0 {
-					return seen
+					return true
 				}
 			} else if !overlap(pids, now) {
-				return seen
+				return true
 			}
 		}
 		select {
 		case <-ctx.Done():
-			w.count(func(s *workerStats) { s.Unknown++ })
-			return -1
+			return false
 		case <-time.After(5 * time.Millisecond):
 		}
 	}

@@ -31,8 +31,9 @@ func (v Verdict) String() string {
 }
 
 // Operations converts ops to porcupine's form: an operation with an Unknown outcome, or
-// none (pending), returns at the end of the history, and an Acquire among them gets a
-// Lost of its client and key from its call to the end of the history.
+// none (pending), returns at the end of the history (at its Return if [Pending.EndUnknownBy]
+// settled it), and an Acquire among them gets a Lost of its client and key: from its
+// call to the end of the history, or, when settled, just after its return.
 func Operations(ops []Op) []porcupine.Operation {
 	var end int64
 	for _, op := range ops {
@@ -61,13 +62,21 @@ func Operations(ops []Op) []porcupine.Operation {
 	}
 	for _, op := range ops {
 		res, ret := op.Outcome, op.Return
-		if res == "" || res == Unknown || ret == 0 {
+		if res == "" || ret == 0 { // pending, or Unknown never settled (EndUnknownBy settles it)
 			res, ret = Unknown, end
 		}
 		add(op, res, ret)
 		if op.Kind == Acquire && res == Unknown {
-			add(Op{Client: op.Client, Key: op.Key, Kind: Lost}, OK, end)
-			out[len(out)-1].Call = op.Call
+			lost := Op{Client: op.Client, Key: op.Key, Kind: Lost}
+			if ret == end {
+				add(lost, OK, end)
+				out[len(out)-1].Call = op.Call
+			} else {
+				// Settled by EndUnknownBy: the lock, if taken, went by ret. The Lost
+				// follows the Acquire in real time, so it cannot be ordered first.
+				add(lost, OK, ret+2)
+				out[len(out)-1].Call = ret + 1
+			}
 		}
 	}
 	return out
