@@ -67,6 +67,7 @@ type config struct {
 	Duration   time.Duration
 	FaultEvery time.Duration // mean interval between faults
 	Faults     faultSet
+	MinEach    int // keep injecting past Duration until every enabled kind was injected this often
 	DSN        string
 	Standby    bool
 	Report     time.Duration
@@ -95,6 +96,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Duration, "duration", c.Duration, "how long the workers run")
 	fs.DurationVar(&c.FaultEvery, "fault-every", c.FaultEvery, "mean interval between faults (0: none)")
 	fs.Var(&c.Faults, "faults", "faults to inject, comma-separated: "+strings.Join(faultNames, ",")+" (or all, none)")
+	fs.IntVar(&c.MinEach, "min-each", 0, "run past -duration until every enabled fault kind was injected this many times")
 	fs.StringVar(&c.DSN, "dsn", "", "use this server instead of a throwaway cluster (restart and failover are then off)")
 	fs.BoolVar(&c.Standby, "standby", false, "start a primary and a streaming standby; enables the failover fault")
 	fs.DurationVar(&c.Report, "report", c.Report, "interval between progress lines")

@@ -245,9 +245,24 @@ func run(ctx context.Context, cfg config, out io.Writer) (*result, error) {
 	}()
 	var faultErr error
 	var order []string
+	// short reports whether some kind was injected fewer than MinEach times.
+	short := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, k := range faults {
+			n := injected[k]
+			if k == faultCancel { // what the workers cancelled, not the signals sent
+				n = int(st.total().Cancelled)
+			}
+			if n < cfg.MinEach {
+				return true
+			}
+		}
+		return false
+	}
 	for len(faults) > 0 && faultErr == nil {
 		wait := time.Duration(float64(cfg.FaultEvery) * (0.5 + in.rng.Float64()))
-		if time.Now().Add(wait).After(end) {
+		if time.Now().Add(wait).After(end) && !short() {
 			break
 		}
 		select {
@@ -274,6 +289,8 @@ func run(ctx context.Context, cfg config, out io.Writer) (*result, error) {
 			mu.Lock()
 			injected[kind]++
 			mu.Unlock()
+		} else {
+			order = append(order, kind) // found nothing to hit: again later
 		}
 	}
 	if faultErr == nil {
