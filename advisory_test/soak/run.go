@@ -67,26 +67,9 @@ type workerProc struct {
 	index  int
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
-	stderr *lockedBuffer
+	stderr string        // file holding the worker's stderr
 	exited chan struct{} // closed when Wait returned; err set then
 	err    error
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // run performs one soak run, printing progress and the result to out. It returns an
@@ -327,11 +310,12 @@ func run(ctx context.Context, cfg config, out io.Writer) (*result, error) {
 
 	var werrs []error
 	for _, w := range workers {
-		if cfg.Verbose && w.stderr.String() != "" {
-			fmt.Fprintf(out, "soak: worker %d diagnostics:\n%s", w.index, w.stderr.String())
+		diag, _ := os.ReadFile(w.stderr)
+		if cfg.Verbose && len(diag) > 0 {
+			fmt.Fprintf(out, "soak: worker %d diagnostics:\n%s", w.index, diag)
 		}
 		if w.err != nil {
-			werrs = append(werrs, fmt.Errorf("worker %d: %v\n%s", w.index, w.err, w.stderr.String()))
+			werrs = append(werrs, fmt.Errorf("worker %d: %v\n%s", w.index, w.err, diag))
 		}
 	}
 	if res.Killed > 0 {
@@ -392,8 +376,13 @@ func startWorker(exe string, spec workerSpec, st *stats) (*workerProc, error) {
 	}
 	cmd := exec.Command(exe, "-test.run=^$") // a test binary runs no test; the soak binary ignores it
 	cmd.Env = append(os.Environ(), workerEnv+"="+string(raw))
-	w := &workerProc{index: spec.Index, cmd: cmd, stderr: &lockedBuffer{}, exited: make(chan struct{})}
-	cmd.Stderr = w.stderr
+	w := &workerProc{index: spec.Index, cmd: cmd, stderr: spec.Journal + ".stderr", exited: make(chan struct{})}
+	f, err := os.Create(w.stderr)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close() // the child has its own descriptor
+	cmd.Stderr = f
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -410,10 +399,8 @@ func startWorker(exe string, spec workerSpec, st *stats) (*workerProc, error) {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			var s workerStats
-			if json.Unmarshal(sc.Bytes(), &s) == nil {
+			if json.Unmarshal(sc.Bytes(), &s) == nil { // the worker prints nothing else there
 				st.set(s)
-			} else {
-				_, _ = w.stderr.Write(append(sc.Bytes(), '\n'))
 			}
 		}
 	}()
