@@ -8,10 +8,29 @@
 // short timeout), each process with its own pool. The parent injects faults at random
 // (-faults): pg_terminate_backend of a holder, cancellation of a worker's operation
 // (SIGUSR1 to the worker), a silent network cut (through a TCP proxy in front of the
-// server) healed by a reset, a server restart, and with -standby a failover (the
-// standby is promoted, the old primary stopped, a new standby built; clients reach the
-// new primary through a multi-host connection string with target_session_attrs
-// read-write).
+// server) healed by a reset, a server restart, and with -standby a failover (the old
+// primary is stopped in immediate mode, the standby promoted, a new standby built from
+// it; clients reach the new primary through a multi-host configuration with
+// target_session_attrs read-write).
+//
+// # What is checked
+//
+// Every worker records each operation with internal/history on the machine-wide
+// monotonic clock: an acquire (call: the lock call starts; return: the section starts,
+// or the call fails), then a release (from the section's end to the call's return) when
+// the call succeeds. A call that fails after its section began records a Lost instead,
+// from just after the acquire to the moment pg_locks, read through a connection no fault
+// touches, shows the key free of that worker's sessions (the server may release a dead
+// session's lock after the client has seen the error). An acquire that fails before its
+// section (cancelled, connection lost, lock timeout) is an unknown outcome settled the
+// same way: it may have held the key for a moment, never after that. Busy results of Try
+// calls are checked strictly (somebody held the key). The parent merges the histories
+// and porcupine checks them against the exclusive/shared lock model, per key.
+//
+// A lock timeout is not checked as "somebody held the key": a blocking call queued in
+// process behind an earlier call of its Locker times out while the key is free on the
+// server when that earlier call is stuck (on a connection a network cut silenced, say).
+// The first soak runs found this; advisory's gate documentation allows it.
 //
 // By default it starts its own throwaway cluster(s) from the local PostgreSQL binaries
 // (internal/pglaunch). With -dsn it uses an existing server; restart and failover are

@@ -59,9 +59,10 @@ type workerStats struct {
 }
 
 // worker runs one worker process until its stdin closes (the parent's stop signal, or the
-// parent's death), then lets every goroutine finish its operation, writes the journal
-// and exits. It never runs longer than the spec's OpTimeout after stdin closes, plus the
-// pool's close.
+// parent's death), then lets every goroutine finish its operation and exits. After stdin
+// closes it runs at most OpTimeout (the operation) plus 30 s (the pg_locks confirmation
+// of a failed one, see confirmGone) plus the pools' close; the parent's watchdog kills it
+// after that. Its history goes to spec.Journal as it is recorded.
 func worker(raw string) int {
 	var spec workerSpec
 	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
