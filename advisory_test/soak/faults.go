@@ -130,7 +130,7 @@ func (in *injector) terminate(ctx context.Context) (bool, error) {
 // cancellations it made.
 func (in *injector) cancel() bool {
 	w := in.workers[in.rng.IntN(len(in.workers))]
-	if w.cmd.Process.Signal(syscall.SIGUSR1) != nil {
+	if !w.ready.Load() || w.cmd.Process.Signal(syscall.SIGUSR1) != nil {
 		return false
 	}
 	in.signalled++

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -69,6 +70,7 @@ type workerProc struct {
 	stdin  io.WriteCloser
 	stderr string        // file holding the worker's stderr
 	exited chan struct{} // closed when Wait returned; err set then
+	ready  atomic.Bool   // it printed its first stats line: it catches SIGUSR1
 	err    error
 }
 
@@ -401,6 +403,7 @@ func startWorker(exe string, spec workerSpec, st *stats) (*workerProc, error) {
 			var s workerStats
 			if json.Unmarshal(sc.Bytes(), &s) == nil { // the worker prints nothing else there
 				st.set(s)
+				w.ready.Store(true)
 			}
 		}
 	}()

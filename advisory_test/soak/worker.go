@@ -77,6 +77,11 @@ func worker(raw string) int {
 }
 
 func runWorker(spec workerSpec) error {
+	// SIGUSR1 would end the process until it is caught; the parent sends it only after
+	// the first stats line (printed below, once this is set up).
+	sig := make(chan os.Signal, 16)
+	signal.Notify(sig, syscall.SIGUSR1)
+	defer signal.Stop(sig)
 	stop := make(chan struct{})
 	go func() { // ends with the process
 		_, _ = io.Copy(io.Discard, os.Stdin)
@@ -109,10 +114,8 @@ func runWorker(spec workerSpec) error {
 	w.stats.Index = spec.Index
 	w.stats.Errors = map[string]int{}
 
-	// SIGUSR1 from the parent: cancel the operation of one random goroutine.
-	sig := make(chan os.Signal, 16)
-	signal.Notify(sig, syscall.SIGUSR1)
-	defer signal.Stop(sig)
+	// SIGUSR1 from the parent (sig, set up first thing): cancel the operation of one
+	// random goroutine.
 	rng := rand.New(rand.NewPCG(spec.Seed, 1))
 	sigDone := make(chan struct{})
 	go func() { // owned: ends when sig is closed below
@@ -128,6 +131,7 @@ func runWorker(spec workerSpec) error {
 		}
 	}()
 
+	w.printStats(false) // ready: the parent may signal from now on
 	var tick sync.WaitGroup
 	tickStop := make(chan struct{})
 	tick.Add(1)
