@@ -3,13 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgxlock/pgxlock/internal/history"
 	"github.com/pgxlock/pgxlock/internal/pgtest"
 )
 
@@ -50,4 +53,32 @@ func TestSoakShort(t *testing.T) {
 	assert.Positive(t, res.Acquired)
 	assert.Zero(t, res.Killed)
 	assert.Equal(t, verdictOK, res.Verdict, "visualisation: %s", res.HTML)
+}
+
+// The check fails a history in which two clients held one key exclusively at once, and
+// writes porcupine's visualisation where the run says.
+func TestCheckRejectsOverlapAndWritesHTML(t *testing.T) {
+	dir := t.TempDir()
+	journal := filepath.Join(dir, "w0.jsonl")
+	f, err := os.Create(journal)
+	require.NoError(t, err)
+	rec := history.NewRecorder("w0", f)
+	a := rec.Begin(history.Op{Client: "w0.g0", Key: "1", Kind: history.Acquire})
+	b := rec.Begin(history.Op{Client: "w0.g1", Key: "1", Kind: history.Acquire})
+	a.End(history.OK, 0)
+	b.End(history.OK, 0) // both hold it now
+	rec.Begin(history.Op{Client: "w0.g0", Key: "1", Kind: history.Release}).End(history.OK, 0)
+	rec.Begin(history.Op{Client: "w0.g1", Key: "1", Kind: history.Release}).End(history.OK, 0)
+	require.NoError(t, errors.Join(rec.Err(), f.Close()))
+
+	cfg := defaultConfig()
+	cfg.HTML = filepath.Join(dir, "soak.html")
+	res := &result{}
+	require.NoError(t, check(cfg, []string{journal}, nil, res))
+	assert.Equal(t, verdictFail, res.Verdict)
+	assert.False(t, res.Linearizable())
+	assert.Equal(t, cfg.HTML, res.HTML)
+	st, err := os.Stat(cfg.HTML)
+	require.NoError(t, err)
+	assert.Positive(t, st.Size())
 }
