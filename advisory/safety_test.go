@@ -2,6 +2,7 @@ package advisory_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/pgxlock/pgxlock/internal/pgtest"
 	"github.com/pgxlock/pgxlock/internal/roundtrip"
 	"github.com/pgxlock/pgxlock/keys"
+	"github.com/pgxlock/pgxlock/pooltx"
 )
 
 func TestPanicInCallbackReleasesAndRepanics(t *testing.T) {
@@ -219,4 +221,36 @@ func TestRoundTrips(t *testing.T) {
 	measure("try xact", 2, func() error {
 		return l.TryWithXactLock(ctx, k, nil, func(context.Context, pgx.Tx) error { return nil })
 	})
+}
+
+// Regression test for "WithLock reported a lost lock as a failed cleanup": when the
+// holding session ends while fn runs (here pg_terminate_backend; in a failover, the
+// primary going away), the unlock finds the connection closed. The key was free for
+// others from that moment, so the call must say ErrLockLost, not only "pooltx: unlock:
+// conn closed".
+func TestWithLockSessionEndedDuringCallbackIsErrLockLost(t *testing.T) {
+	ctx := testCtx(t)
+	pool, admin := pgtest.Pool(t), pgtest.Pool(t)
+	l := newLocker(t, pool, advisory.Config{})
+	k := key(t)
+	err := l.WithLock(ctx, k, nil, func(ctx context.Context, conn *pgx.Conn) error {
+		pid := conn.PgConn().PID()
+		var ok bool
+		if err := admin.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
+			return fmt.Errorf("terminate %d: %v %v", pid, ok, err)
+		}
+		// The backend is gone once pg_stat_activity no longer lists it.
+		require.Eventually(t, func() bool {
+			var n int
+			return admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n) == nil && n == 0
+		}, 20*time.Second, 5*time.Millisecond)
+		return nil // fn does not use conn: the unlock is what finds the session gone
+	})
+	require.ErrorIs(t, err, advisory.ErrLockLost)
+	var le *advisory.LockError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, "unlock", le.Op)
+	var ce *pooltx.CleanupError
+	assert.ErrorAs(t, err, &ce, "what the unlock met stays in the chain")
+	assert.EqualValues(t, 0, pool.Stat().TotalConns(), "the closed connection is not pooled")
 }

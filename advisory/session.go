@@ -37,7 +37,10 @@ import (
 // ErrNoConnection (no connection could be had within the bound: pool or
 // Config.MaxConns exhausted, server unreachable or silent), ErrDeadlock,
 // ErrTooManyLocks, ErrNotHeld (the unlock found the lock gone: the
-// connection is destroyed) or ErrInvalid. A panic in fn destroys
+// connection is destroyed), ErrLockLost (the unlock found the connection
+// closed: the server ended the session, died or failed over, or the network
+// did, at some moment while fn ran, so another session may have held the
+// key meanwhile; fn's own error, if any, is joined) or ErrInvalid. A panic in fn destroys
 // the connection, which releases the lock server-side, and is re-raised.
 func (l *Locker) WithLock(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
 	return l.withSession(ctx, []keys.Key{key}, opts, false, fn)
@@ -315,6 +318,15 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, s
 	if err != nil {
 		cerr := &pooltx.CleanupError{Step: "unlock", Err: err}
 		c.MarkDirty(cerr)
+		if c.Conn().IsClosed() {
+			// The session is gone (the server died, failed over or ended it, or
+			// the network did and the bound closed the socket): PostgreSQL has
+			// released the lock, or will as soon as it notices, at a moment the
+			// caller cannot know, so another session may have held the key while
+			// the caller thought it did. That is a lost lock, not a failed
+			// cleanup.
+			return &LockError{Op: op, Keys: s.all, Err: join(ErrLockLost, cerr)}
+		}
 		return &LockError{Op: op, Keys: s.all, Err: cerr}
 	}
 	if falses > 0 {

@@ -5,10 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlock/pgxlock/advisory"
+	"github.com/pgxlock/pgxlock/internal/history"
 	"github.com/pgxlock/pgxlock/internal/pgtest"
 	"github.com/pgxlock/pgxlock/keys"
 )
@@ -17,7 +19,9 @@ import (
 // blocked read; the heartbeat sees it. Holders learn of the loss while the server still
 // holds their keys, so the heartbeat is what told them (the latency, about
 // HeartbeatInterval + HeartbeatTimeout, is logged, not asserted: a loaded machine may
-// add seconds to it).
+// add seconds to it). The history (holds; another session's tries refused during the
+// partition; the keys taken by another session after it) is checked with
+// history.LockModel: a loss the client saw bounds nothing until the keys are seen free.
 func TestNetCutHeartbeatDetectsLoss(t *testing.T) {
 	ctx := testCtx(t)
 	cfg, proxy := proxiedPoolConfig(t)
@@ -27,10 +31,15 @@ func TestNetCutHeartbeatDetectsLoss(t *testing.T) {
 	l := newLocker(t, pool, advisory.Config{HeartbeatInterval: interval, HeartbeatTimeout: timeout})
 
 	holdKey, lockKey := int64Key(t), pairKey(t)
+	rec := history.NewRecorder("test", nil)
+	holdA := beginAttempt(rec, "hold", []keys.Key{holdKey}, false)
 	entered, result := startHold(ctx, l, []keys.Key{holdKey})
 	await(t, entered, "the Hold callback to start")
+	holdA.acquired()
+	lockA := beginAttempt(rec, "handle", []keys.Key{lockKey}, false)
 	h, err := l.Lock(ctx, lockKey, nil)
 	require.NoError(t, err)
+	lockA.acquired()
 	t.Cleanup(func() { _ = h.Unlock(context.Background()) })
 	doneAt := make(chan time.Time, 1)
 	go func() {
@@ -67,10 +76,29 @@ func TestNetCutHeartbeatDetectsLoss(t *testing.T) {
 	// client_connection_check_interval). The holder stopped acting at once: safe.
 	held := holderPIDs(t, ctx, admin, holdKey, lockKey)
 	t.Logf("during the partition the server still holds the keys (backends %v)", held)
+	direct := newLocker(t, admin, advisory.Config{})
+	for _, k := range []keys.Key{holdKey, lockKey} {
+		a := beginAttempt(rec, "probe "+k.String(), []keys.Key{k}, false)
+		err := direct.TryWithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil })
+		require.ErrorIs(t, err, advisory.ErrNotAcquired, "the server still holds %v", k)
+		a.failed(history.Busy)
+	}
 	// End the partition with a reset: the sessions end and the keys are free.
 	proxy.CloseCut()
 	awaitLocks(t, ctx, admin, "the server to release the keys", func(ls []advisory.LockInfo) bool { return len(ls) == 0 },
 		holdKey, lockKey)
+	freed := history.Now()
+	holdA.lost(freed)
+	lockA.lost(freed)
+	after := beginAttempt(rec, "after", []keys.Key{holdKey, lockKey}, false)
+	err = direct.WithLockAll(ctx, []keys.Key{holdKey, lockKey}, nil, func(context.Context, *pgx.Conn) error {
+		after.acquired()
+		after.releasing()
+		return nil
+	})
+	require.NoError(t, err)
+	after.released(true)
+	history.Check(t, history.LockModel(), rec.Ops())
 }
 
 // With heartbeats disabled the watcher sends nothing; a terminated backend is still seen

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlock/pgxlock/advisory"
+	"github.com/pgxlock/pgxlock/internal/history"
 	"github.com/pgxlock/pgxlock/internal/pgtest"
 	"github.com/pgxlock/pgxlock/keys"
 )
@@ -38,7 +40,8 @@ type helperSpec struct {
 	Keys       []int64 // the keys
 	Goroutines int     // goroutine g runs Iters sections, the i-th on Keys[(g+i) % len(Keys)]
 	Iters      int
-	StuckAt    int // goroutine 0 stays inside its StuckAt-th section until killed; -1: never
+	StuckAt    int    // goroutine 0 stays inside its StuckAt-th section until killed; -1: never
+	History    string // if set, the file the child records its lock history in (JSON lines)
 }
 
 // TestHelperProcess is not a test: it is the body of the child processes of the process
@@ -69,10 +72,24 @@ func TestHelperProcess(t *testing.T) {
 	l, err := advisory.New(pool, advisory.Config{})
 	require.NoError(t, err)
 
+	var rec *history.Recorder
+	if spec.History != "" {
+		f, err := os.OpenFile(spec.History, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		require.NoError(t, err)
+		defer f.Close()
+		rec = history.NewRecorder(spec.Proc, f)
+	}
+
 	insert := "INSERT INTO " + spec.Ledger + " (key, proc, g, started_at, stuck) VALUES ($1, $2, $3, clock_timestamp(), $4) RETURNING id"
 	update := "UPDATE " + spec.Ledger + " SET ended_at = clock_timestamp() WHERE id = $1"
 	section := func(g, i int, key int64) error {
-		return l.WithLock(ctx, keys.Int64(key), nil, func(ctx context.Context, conn *pgx.Conn) error {
+		var a *attempt
+		if rec != nil {
+			a = beginAttempt(rec, fmt.Sprintf("%s/g%d", spec.Proc, g), []keys.Key{keys.Int64(key)}, false)
+		}
+		err := l.WithLock(ctx, keys.Int64(key), nil, func(ctx context.Context, conn *pgx.Conn) error {
+			a.acquired()
+			defer a.releasing()
 			stuck := g == 0 && i == spec.StuckAt
 			var id int64
 			// Entry and exit are separate statements, so the recorded interval lies
@@ -87,6 +104,9 @@ func TestHelperProcess(t *testing.T) {
 			_, err := conn.Exec(ctx, update, id)
 			return err
 		})
+		a.released(err == nil)
+		a.failed(history.Unknown)
+		return err
 	}
 
 	var wg sync.WaitGroup
@@ -107,6 +127,9 @@ func TestHelperProcess(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+	if rec != nil {
+		require.NoError(t, rec.Err())
 	}
 	if !t.Failed() {
 		// Exit here: the stdin reader above never returns while the parent lives, and
@@ -249,7 +272,8 @@ func childApp(t *testing.T, proc string) string {
 // 4 OS processes x 8 goroutines append to a ledger inside session locks on 3 keys; no two
 // sections of one key overlap (checked in SQL on the server's clock). One process is
 // SIGKILLed while it holds a key and others wait for it: the server ends its session,
-// the waiters go on, and the other processes finish.
+// the waiters go on, and the other processes finish. The processes' histories, merged on
+// the machine's monotonic clock, are checked for linearizability (history.LockModel).
 func TestProcessesExcludeAndSurviveKilledHolder(t *testing.T) {
 	const procs, goroutines, iters, stuckAt = 4, 8, 10, 1
 	ctx := testCtx(t)
@@ -257,12 +281,14 @@ func TestProcessesExcludeAndSurviveKilledHolder(t *testing.T) {
 	ledger := createLedger(t, ctx, pool)
 	ks := []int64{pgtest.UniqueInt64(t), pgtest.UniqueInt64(t), pgtest.UniqueInt64(t)}
 	lockKeys := []keys.Key{keys.Int64(ks[0]), keys.Int64(ks[1]), keys.Int64(ks[2])}
+	histDir := t.TempDir()
 
 	var children []*child
 	for i := range procs {
 		spec := helperSpec{
 			DSN: pgtest.DSN(t), Ledger: ledger, Proc: fmt.Sprintf("p%d", i),
 			Keys: ks, Goroutines: goroutines, Iters: iters, StuckAt: -1,
+			History: filepath.Join(histDir, fmt.Sprintf("p%d.jsonl", i)),
 		}
 		spec.App = childApp(t, spec.Proc)
 		if i == 0 {
@@ -344,6 +370,16 @@ func TestProcessesExcludeAndSurviveKilledHolder(t *testing.T) {
 		"SIGKILL sent -> next section on the victim's key: %v",
 		total, procs, goroutines, len(ks), cross, firstAfter.Sub(killSent))
 	awaitLocks(t, ctx, pool, "the keys to be free", func(ls []advisory.LockInfo) bool { return len(ls) == 0 }, lockKeys...)
+
+	var ops []history.Op
+	for _, c := range children {
+		got, err := history.ReadFile(c.spec.History)
+		require.NoError(t, err)
+		ops = append(ops, got...)
+	}
+	// The victim's sections end when the server drops its session, at a moment the
+	// history does not show.
+	history.Check(t, history.LockModel(), history.Crashed(ops, victim.spec.Proc))
 }
 
 // A waiter process killed with SIGKILL while queued does not block the queue: when the

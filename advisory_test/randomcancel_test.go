@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlock/pgxlock/advisory"
+	"github.com/pgxlock/pgxlock/internal/history"
 	"github.com/pgxlock/pgxlock/internal/pgtest"
 	"github.com/pgxlock/pgxlock/keys"
 )
@@ -200,7 +201,8 @@ const staleCancel = "STALE CANCEL (57014 with the call's context live)"
 // pools, one with pgx's default context handler (closes the connection) and one with the
 // cancel-request handler (keeps it). Nothing may leak: no lock left in pg_locks, no
 // connection returned to a pool holding a lock (checked at every release), no connection
-// left acquired, and no two holders ever inside one key's critical section.
+// left acquired, and no two holders ever inside one key's critical section. The history of
+// acquisitions and releases is checked for linearizability against history.LockModel.
 func TestRandomCancellation(t *testing.T) {
 	const total = 1000
 	const workers = 12
@@ -228,6 +230,7 @@ func TestRandomCancellation(t *testing.T) {
 	ks := []keys.Key{int64Key(t), int64Key(t), pairKey(t)}
 
 	excl := newExclusion()
+	rec := history.NewRecorder("test", nil)
 	out := &outcome{counts: map[string]int{}}
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -237,8 +240,8 @@ func TestRandomCancellation(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
-			for next.Add(1) <= total {
-				runRandomOp(ctx, rng, lockers[w%2], w%2 == 1, ks, excl, out)
+			for i := next.Add(1); i <= total; i = next.Add(1) {
+				runRandomOp(ctx, rng, lockers[w%2], w%2 == 1, ks, excl, out, rec, fmt.Sprintf("w%d/op%d", w, i))
 			}
 		}()
 	}
@@ -278,6 +281,7 @@ func TestRandomCancellation(t *testing.T) {
 	assert.Zero(t, stale["default handler"], "a late cancel request of the library hit another statement")
 	violations, excused := excl.violations()
 	assert.Empty(t, violations, "mutual exclusion violated")
+	history.Check(t, history.LockModel(), rec.Ops())
 	t.Logf("excused overlaps (the holder's lock went inside its callback: connection closed or transaction aborted): %d", excused)
 	for i, pool := range pools {
 		handler := []string{"default", "cancel-request"}[i]
@@ -306,8 +310,10 @@ func TestRandomCancellation(t *testing.T) {
 	}
 }
 
-// runRandomOp runs one randomly chosen acquisition with a randomly ending context.
-func runRandomOp(parent context.Context, rng *rand.Rand, l *advisory.Locker, cancelRequest bool, all []keys.Key, excl *exclusion, out *outcome) {
+// runRandomOp runs one randomly chosen acquisition with a randomly ending context, and
+// records it in rec as client.
+func runRandomOp(parent context.Context, rng *rand.Rand, l *advisory.Locker, cancelRequest bool, all []keys.Key, excl *exclusion, out *outcome,
+	rec *history.Recorder, client string) {
 	// When the context ends: already (5%), never (15%), at a deadline (15%), or by a
 	// cancel after 0-10 ms (65%): through connection acquisition, the lock wait, the
 	// grant, the callback, the unlock or the commit.
@@ -349,12 +355,22 @@ func runRandomOp(parent context.Context, rng *rand.Rand, l *advisory.Locker, can
 		}
 		return nil
 	}
+	// The history: the acquisition returns when its section starts, the release starts
+	// when the section ends; a section whose lock may have gone inside it records a
+	// Lost. a is set before the call.
+	var a *attempt
 	// section runs work inside the exclusion record. closed reports whether the lock's
 	// connection has closed; xact says whether q is a transaction.
 	section := func(op string, ks []keys.Key, shared bool, q sectionConn, closed func() bool, xact bool) error {
+		a.acquired()
 		s := excl.enter(op, ks, shared)
 		err := work(ctx, q)
-		excl.exit(s, ks, (closed != nil && closed()) || (xact && err != nil))
+		lockGone := (closed != nil && closed()) || (xact && err != nil)
+		excl.exit(s, ks, lockGone)
+		if lockGone {
+			a.lost(0)
+		}
+		a.releasing()
 		return err
 	}
 
@@ -370,7 +386,14 @@ func runRandomOp(parent context.Context, rng *rand.Rand, l *advisory.Locker, can
 			return section(op, ks, shared, tx, tx.Conn().IsClosed, true)
 		}
 	}
-	switch rng.IntN(9) {
+	choice := rng.IntN(9)
+	switch choice {
+	case 0, 1, 3, 4:
+		a = beginAttempt(rec, client, one, shared)
+	default:
+		a = beginAttempt(rec, client, subset, shared)
+	}
+	switch choice {
 	case 0:
 		op = "WithLock"
 		err = l.WithLock(ctx, k, opts, sess(one))
@@ -399,11 +422,14 @@ func runRandomOp(parent context.Context, rng *rand.Rand, l *advisory.Locker, can
 		if err == nil {
 			_ = section(op, subset, shared, nil, nil, false)
 			err = h.Unlock(ctx)
+			a.released(err == nil)
 		}
 	case 8:
 		op = "Hold"
 		err = l.HoldAll(ctx, subset, opts, func(ctx context.Context) error {
+			a.acquired()
 			s := excl.enter(op, subset, shared)
+			defer a.releasing()
 			defer excl.exit(s, subset, false)
 			select {
 			case <-ctx.Done(): // the caller's cancellation reaches the callback
@@ -416,6 +442,8 @@ func runRandomOp(parent context.Context, rng *rand.Rand, l *advisory.Locker, can
 	if cancelRequest {
 		op += " (cancel-request handler)"
 	}
+	a.released(err == nil)
+	a.failed(attemptOutcome(err))
 	result, ok := classifyResult(err, try, deadline)
 	if !ok {
 		out.bad(op, err)
@@ -434,4 +462,18 @@ func randomSubset(rng *rand.Rand, all []keys.Key) []keys.Key {
 	s := append([]keys.Key(nil), all...)
 	rng.Shuffle(len(s), func(i, j int) { s[i], s[j] = s[j], s[i] })
 	return s[:1+rng.IntN(len(s))]
+}
+
+// attemptOutcome is the history's outcome of an acquisition that did not return the
+// lock: Busy for a try the server refused, Timeout for a wait the server's lock_timeout
+// ended (55P03: the key was held when the wait began), else Unknown.
+func attemptOutcome(err error) history.Outcome {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, advisory.ErrNotAcquired):
+		return history.Busy
+	case errors.As(err, &pgErr) && pgErr.Code == "55P03":
+		return history.Timeout
+	}
+	return history.Unknown
 }

@@ -2,6 +2,7 @@ package advisory_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlock/pgxlock/advisory"
+	"github.com/pgxlock/pgxlock/internal/history"
 	"github.com/pgxlock/pgxlock/internal/pgtest"
 	"github.com/pgxlock/pgxlock/keys"
 )
@@ -18,6 +20,8 @@ import (
 // A server restart (pg_ctl restart -m fast on a cluster this test owns) ends every
 // session: every holder, Hold callbacks and Lock handles alike, sees ErrLockLost, no dead
 // connection stays in the pool, and afterwards the same pool and Locker take locks again.
+// The history (holds, losses bounded by the restart, the keys taken again after it) is
+// checked with history.LockModel.
 func TestRestartEveryHolderLoses(t *testing.T) {
 	ctx := testCtx(t)
 	cluster := pgtest.Cluster(t)
@@ -35,17 +39,27 @@ func TestRestartEveryHolderLoses(t *testing.T) {
 
 	// Two Hold callbacks (one multi-key) and two handles (one shared, one multi-key).
 	holdKeys := [][]keys.Key{{int64Key(t)}, {int64Key(t), pairKey(t)}}
+	rec := history.NewRecorder("test", nil)
+	var attempts []*attempt
 	var results []<-chan holdResult
-	for _, ks := range holdKeys {
+	for i, ks := range holdKeys {
+		a := beginAttempt(rec, fmt.Sprint("hold", i), ks, false)
 		entered, result := startHold(ctx, l, ks)
 		await(t, entered, "a Hold callback to start")
+		a.acquired()
+		attempts = append(attempts, a)
 		results = append(results, result)
 	}
 	sharedKey, multi := int64Key(t), []keys.Key{pairKey(t), int64Key(t)}
+	a1 := beginAttempt(rec, "handle1", []keys.Key{sharedKey}, true)
 	h1, err := l.Lock(ctx, sharedKey, &advisory.Options{Shared: true})
 	require.NoError(t, err)
+	a1.acquired()
+	a2 := beginAttempt(rec, "handle2", multi, false)
 	h2, err := l.LockAll(ctx, multi, nil)
 	require.NoError(t, err)
+	a2.acquired()
+	attempts = append(attempts, a1, a2)
 	handles := []*advisory.Lock{h1, h2}
 	doneAt := make(chan time.Time, len(handles))
 	for _, h := range handles {
@@ -67,6 +81,9 @@ func TestRestartEveryHolderLoses(t *testing.T) {
 	require.NoError(t, cluster.Restart(rctx))
 	cancel()
 	restarted := time.Since(t0)
+	for _, a := range attempts {
+		a.lost(history.Now()) // every session of the old server has ended
+	}
 
 	var detect []time.Duration
 	for _, result := range results {
@@ -105,4 +122,14 @@ func TestRestartEveryHolderLoses(t *testing.T) {
 	err = l.Hold(ctx, k, nil, func(ctx context.Context) error { return ctx.Err() })
 	require.NoError(t, err)
 	assert.Zero(t, pool.Stat().AcquiredConns())
+
+	// Every key the old server held is free on the new one.
+	again := beginAttempt(rec, "after", all, false)
+	require.NoError(t, l.TryWithLockAll(ctx, all, nil, func(context.Context, *pgx.Conn) error {
+		again.acquired()
+		again.releasing()
+		return nil
+	}))
+	again.released(true)
+	history.Check(t, history.LockModel(), rec.Ops())
 }

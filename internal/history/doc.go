@@ -17,10 +17,9 @@
 // An operation that never returned (its process was SIGKILLed) or whose effect the
 // client cannot know (cancelled mid-wait, connection cut) has [Unknown] as its outcome
 // and returns, for the checker, at the end of the history: it may have taken effect at
-// any moment after its call. An acquisition with an unknown outcome may also have lost
-// its lock at any moment after its call (the library destroys a connection in doubt),
-// so the checker pairs it with a [Lost] of the same client and key. Holders of a process
-// that was killed get the same through [Crashed].
+// any moment after its call. An acquisition with an unknown outcome is the exception:
+// see [LockModel] for why it counts as never granted and what that costs. Holders of a
+// process that was killed lose their keys at an unknown moment: see [Crashed].
 //
 // # Models
 //

@@ -89,9 +89,15 @@ func TestLockModel(t *testing.T) {
 		{"another acquires before the loss window", false, []Op{
 			op("a", "k", Acquire, 1, 2, OK), op("b", "k", Acquire, 3, 4, OK),
 			op("a", "k", Lost, 5, 9, OK)}},
-		{"unknown acquire may explain a busy, then vanish", true, []Op{
+		{"unknown acquire may explain a busy", true, []Op{
 			op("a", "k", Acquire, 1, 0, Unknown), op("b", "k", Acquire, 3, 4, Busy),
 			op("c", "k", Acquire, 5, 6, OK)}},
+		{"an unknown acquire does not excuse an overlap", false, []Op{
+			op("a", "k", Acquire, 1, 2, OK), op("u", "k", Acquire, 1, 0, Unknown),
+			op("b", "k", Acquire, 3, 4, OK), op("a", "k", Release, 5, 6, OK)}},
+		{"a busy before any unknown acquire is still checked", false, []Op{
+			op("a", "k", Acquire, 1, 2, OK), op("a", "k", Release, 3, 4, OK),
+			op("b", "k", Acquire, 5, 6, Busy), op("u", "k", Acquire, 7, 0, Unknown)}},
 		{"pending acquire counts as unknown", true, []Op{
 			{Client: "a", Key: "k", Kind: Acquire, Call: 1}, op("b", "k", Acquire, 3, 4, OK)}},
 	}

@@ -16,6 +16,9 @@ type input struct {
 	kind   Kind
 	shared bool
 	token  int64
+	// relaxed: a Busy or Timeout that an acquisition with an unknown outcome may
+	// explain; always legal.
+	relaxed bool
 }
 
 func (in input) String() string {
@@ -25,6 +28,9 @@ func (in input) String() string {
 	}
 	if in.token != 0 {
 		s += fmt.Sprintf(" #%d", in.token)
+	}
+	if in.relaxed {
+		s += " (relaxed)"
 	}
 	return s
 }
@@ -81,9 +87,13 @@ func makeLockState(excl bool, ids []int) lockState {
 //   - Acquire Busy or Timeout: another client held the key in some mode. (A shared
 //     request may find only shared holders: PostgreSQL queues it behind a waiting
 //     exclusive request.)
-//   - Acquire Unknown: the client holds the key if it was free for it, else nothing
-//     changes. The checker adds a Lost for it (see the package doc), so this also
-//     covers "never took effect" and "held for a while".
+//   - Acquire Unknown (cancelled, cut, killed): nothing changes. Such a call may have
+//     held the key for a while, given back by the library or by the server when the
+//     session ended; treating it as a holder would make the check exponential in the
+//     number of such calls. It cannot excuse another acquisition (so an overlap is still
+//     caught) but it can explain another client's Busy or Timeout: those on a key on
+//     which an unknown acquisition was called before they returned are relaxed to
+//     always legal.
 //   - Release OK: the client held the key and no longer does. Any other outcome: it
 //     no longer holds it, whether it did or not.
 //   - Lost: the client no longer holds the key, whether it did or not.
@@ -108,12 +118,9 @@ func LockModel() porcupine.Model {
 					}
 					return true, makeLockState(!op.shared, append(ids, op.client))
 				case Busy, Timeout:
-					return len(ids) > 0 && !(holds && len(ids) == 1), s
+					return op.relaxed || (len(ids) > 0 && !(holds && len(ids) == 1)), s
 				case Unknown:
-					if holds || !free {
-						return true, s
-					}
-					return true, makeLockState(!op.shared, append(ids, op.client))
+					return true, s
 				}
 				return false, s
 			case Release:

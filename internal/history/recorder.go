@@ -84,6 +84,13 @@ func (r *Recorder) Begin(op Op) *Pending {
 	return &Pending{r: r, i: len(r.ops) - 1}
 }
 
+// Call returns the operation's call time, a reading of [Now].
+func (p *Pending) Call() int64 {
+	p.r.mu.Lock()
+	defer p.r.mu.Unlock()
+	return p.r.ops[p.i].Call
+}
+
 // End records the return of the operation now with its outcome and, for an Acquire
 // that issued one, the fencing token (0: none). With Unknown the operation stays open
 // to the end of the history. End is to be called once.
@@ -104,13 +111,18 @@ func (p *Pending) End(out Outcome, token int64) {
 
 // Lost records that client's lock on key vanished at some moment after since (a
 // reading of [Now] at which the lock was last known held, e.g. the call time of the
-// last statement that succeeded on the holding connection) and before now, when the
-// loss was seen.
-func (r *Recorder) Lost(client, key string, since int64) {
-	now := Now()
+// acquisition or of the last statement that succeeded on the holding connection) and
+// before until (a reading at which it was known gone: the holder saw its backend end,
+// or pg_locks showed the key free). until 0 means not known: the end of the history.
+// Seeing ErrLockLost alone does not bound it: after a silent partition the server may
+// hold the lock long after the client gave up.
+func (r *Recorder) Lost(client, key string, since, until int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	op := Op{Proc: r.proc, ID: int64(len(r.ops)), Client: client, Key: key, Kind: Lost, Call: since, Return: now, Outcome: OK}
+	op := Op{Proc: r.proc, ID: int64(len(r.ops)), Client: client, Key: key, Kind: Lost, Call: since, Return: until, Outcome: OK}
+	if until == 0 {
+		op.Outcome = Unknown
+	}
 	r.ops = append(r.ops, op)
 	r.emit(op)
 }
