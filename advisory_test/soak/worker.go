@@ -391,11 +391,14 @@ func (w *workerRun) op(rng *rand.Rand, g int) {
 		rel.End(history.OK, 0)
 	default:
 		w.count(func(s *workerStats) { s.Acquired++ })
+		// The Lost starts just after the acquire returned, so it cannot be ordered
+		// before it.
 		if w.confirmGone(key) {
-			rec.Lost(client, keyName, entered+1)
+			rec.Lost(client, keyName, entered+1, history.Now())
 			rel.EndUnknownBy()
 		} else {
 			// Never confirmed: open to the end of the history.
+			rec.Lost(client, keyName, entered+1, 0)
 			rel.End(history.Unknown, 0)
 			w.count(func(s *workerStats) { s.Unknown++ })
 		}
