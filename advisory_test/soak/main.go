@@ -19,9 +19,10 @@
 // monotonic clock: an acquire (call: the lock call starts; return: the section starts,
 // or the call fails), then a release (from the section's end to the call's return) when
 // the call succeeds. A call that fails after its section began records a Lost instead,
-// from just after the acquire to the moment pg_locks, read through a connection no fault
-// touches, shows the key free of that worker's sessions (the server may release a dead
-// session's lock after the client has seen the error). An acquire that fails before its
+// from the acquire's call (the session may die between the grant and the section's
+// start) to the moment pg_locks, read through a connection no fault touches, shows the
+// key free of that worker's sessions (the server may release a dead session's lock
+// after the client has seen the error). An acquire that fails before its
 // section (cancelled, connection lost, lock timeout) is an unknown outcome settled the
 // same way: it may have held the key for a moment, never after that. Busy results of Try
 // calls are checked strictly (somebody held the key). The parent merges the histories

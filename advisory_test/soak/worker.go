@@ -284,10 +284,11 @@ func (w *workerRun) op(rng *rand.Rand, g int) {
 	rec := w.rec
 	client := fmt.Sprintf("w%d.g%d", w.spec.Index, g)
 	keyName := strconv.FormatInt(w.spec.Keys[ki], 10)
-	// The section's events: the acquire (returns when the lock is known held), then a
+	// The section's events: the acquire (returns when the section starts), then a
 	// release (called when the section ends) or, when the call fails after the section
-	// began, a Lost from just after the acquire returned to when pg_locks showed the
-	// key gone from this worker's sessions.
+	// began, a Lost from the acquire's call to when pg_locks showed the key gone from
+	// this worker's sessions.
+	called := history.Now() // no later than the acquire's call
 	acq := rec.Begin(history.Op{Client: client, Key: keyName, Kind: history.Acquire, Shared: opts.Shared})
 	var entered int64 // history.Now() just after the acquire's return; 0: not reached
 	var rel *history.Pending
@@ -391,14 +392,16 @@ func (w *workerRun) op(rng *rand.Rand, g int) {
 		rel.End(history.OK, 0)
 	default:
 		w.count(func(s *workerStats) { s.Acquired++ })
-		// The Lost starts just after the acquire returned, so it cannot be ordered
-		// before it.
+		// The Lost starts at the acquire's call, not its return: the lock may go
+		// between the grant and the section's start (the session terminated in
+		// between; the first 10-minute soak showed it), and then another client
+		// may take the key before this one's acquire returns.
 		if w.confirmGone(key) {
-			rec.Lost(client, keyName, entered+1, history.Now())
+			rec.Lost(client, keyName, called, history.Now())
 			rel.EndUnknownBy()
 		} else {
 			// Never confirmed: open to the end of the history.
-			rec.Lost(client, keyName, entered+1, 0)
+			rec.Lost(client, keyName, called, 0)
 			rel.End(history.Unknown, 0)
 			w.count(func(s *workerStats) { s.Unknown++ })
 		}
