@@ -42,7 +42,7 @@ func newFailover(t *testing.T, opts pglaunch.StandbyOptions, tune ...func(*pgxpo
 	require.NoError(t, err)
 	require.Len(t, cfg.ConnConfig.Fallbacks, 1)
 	require.EqualValues(t, f.primary.Port(), cfg.ConnConfig.Port)
-	cfg.ConnConfig.Port = uint16(f.proxy.ln.Addr().(*net.TCPAddr).Port)
+	cfg.ConnConfig.Port = uint16(f.proxy.Port())
 	cfg.MaxConns = 8
 	for _, fn := range tune {
 		fn(cfg)

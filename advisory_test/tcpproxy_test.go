@@ -5,56 +5,25 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/internal/tcpproxy"
 )
 
-// tcpProxy forwards TCP connections from a loopback port to the test database, and can
-// cut the connections it carries without closing them: a silent network partition, as
-// seen from both ends (sockets open, nothing arrives). Every goroutine it starts ends by
-// Close, which the test's cleanup calls.
-type tcpProxy struct {
-	ln              net.Listener
-	network, target string
+// tcpProxy forwards connections to the test database and can cut them silently (see
+// package tcpproxy, which the soak command shares).
+type tcpProxy = tcpproxy.Proxy
 
-	mu     sync.Mutex
-	links  map[*link]struct{}
-	closed bool
-	wg     sync.WaitGroup
-
-	clientBytes atomic.Int64 // forwarded from clients to the server
-}
-
-// link is one proxied connection.
-type link struct {
-	client, server net.Conn
-	cut            atomic.Bool // drop every byte, both ways, keep the sockets open
-	once           sync.Once
-	closed         chan struct{} // closed by close
-}
-
-func (l *link) close() {
-	l.once.Do(func() {
-		_ = l.client.Close()
-		_ = l.server.Close()
-		close(l.closed)
-	})
-}
-
-// newTCPProxy listens on 127.0.0.1 and forwards to network/target.
+// newTCPProxy listens on 127.0.0.1 and forwards to network/target; the test's cleanup
+// closes it.
 func newTCPProxy(t testing.TB, network, target string) *tcpProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := tcpproxy.New(network, target)
 	require.NoError(t, err)
-	p := &tcpProxy{ln: ln, network: network, target: target, links: map[*link]struct{}{}}
-	p.wg.Add(1)
-	go p.accept()
 	t.Cleanup(p.Close)
 	return p
 }
@@ -70,105 +39,6 @@ func proxiedPoolConfig(t testing.TB) (*pgxpool.Config, *tcpProxy) {
 		network, target = "unix", filepath.Join(cc.Host, ".s.PGSQL."+strconv.Itoa(int(cc.Port)))
 	}
 	p := newTCPProxy(t, network, target)
-	cc.Host, cc.Port, cc.Fallbacks = "127.0.0.1", uint16(p.ln.Addr().(*net.TCPAddr).Port), nil
+	cc.Host, cc.Port, cc.Fallbacks = "127.0.0.1", uint16(p.Port()), nil
 	return cfg, p
-}
-
-func (p *tcpProxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return // closed
-		}
-		s, err := net.Dial(p.network, p.target)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		l := &link{client: c, server: s, closed: make(chan struct{})}
-		p.mu.Lock()
-		if p.closed {
-			p.mu.Unlock()
-			l.close()
-			return
-		}
-		p.links[l] = struct{}{}
-		p.wg.Add(2) // under mu, before Close can Wait
-		p.mu.Unlock()
-		go p.pump(l, l.server, l.client, &p.clientBytes)
-		go p.pump(l, l.client, l.server, nil)
-	}
-}
-
-// pump copies src to dst until either side fails, dropping the bytes while the link is
-// cut; then it closes both sides, which ends the other pump.
-func (p *tcpProxy) pump(l *link, dst, src net.Conn, count *atomic.Int64) {
-	defer p.wg.Done()
-	defer func() {
-		l.close()
-		p.mu.Lock()
-		delete(p.links, l)
-		p.mu.Unlock()
-	}()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 && !l.cut.Load() {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-			if count != nil {
-				count.Add(int64(n))
-			}
-		}
-		if err != nil {
-			if l.cut.Load() {
-				// A partition does not carry a close either (the client
-				// closing its socket, say): the other end stays open until
-				// CloseCut or Close.
-				<-l.closed
-			}
-			return
-		}
-	}
-}
-
-// ClientBytes returns how many bytes clients have sent through the proxy.
-func (p *tcpProxy) ClientBytes() int64 { return p.clientBytes.Load() }
-
-// Cut silences every connection open now: bytes are read and dropped both ways, the
-// sockets stay open. New connections are forwarded normally. It returns how many
-// connections it cut.
-func (p *tcpProxy) Cut() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for l := range p.links {
-		l.cut.Store(true)
-	}
-	return len(p.links)
-}
-
-// CloseCut closes the connections Cut silenced, as a partition that ends in a reset
-// would: the server then sees its sessions end.
-func (p *tcpProxy) CloseCut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for l := range p.links {
-		if l.cut.Load() {
-			l.close()
-		}
-	}
-}
-
-// Close stops accepting, closes every connection and waits for the goroutines.
-func (p *tcpProxy) Close() {
-	p.mu.Lock()
-	p.closed = true
-	for l := range p.links {
-		l.close()
-	}
-	p.mu.Unlock()
-	_ = p.ln.Close() // a second Close returns net.ErrClosed: nothing to do
-	p.wg.Wait()
 }

@@ -1,10 +1,12 @@
 package history
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"testing"
 	"time"
 
@@ -34,25 +36,35 @@ func (v Verdict) String() string {
 		v.Result, v.Ops, v.Keys, v.Relaxed, v.Took.Round(time.Millisecond))
 }
 
-// Operations converts ops to porcupine's form. An operation with an Unknown outcome, or
-// none (pending), returns at the end of the history. A Busy or Timeout on a key on which
-// an acquisition with an unknown outcome had been called before it returned is marked
-// relaxed: that acquisition may have held the key for a while (see [LockModel]). An
+// Operations converts ops to porcupine's form. An operation with no outcome (pending), or
+// an Unknown one never settled, returns at the end of the history; an Unknown one settled
+// by [Pending.EndUnknownBy] returns at its Return. A Busy or Timeout on a key is marked
+// relaxed when an acquisition with an unknown outcome on that key was under way at some
+// moment of it (called before the Busy returned, and not settled before the Busy was
+// called): that acquisition may have held the key for a while (see [LockModel]). An
 // Acquire with an unknown outcome is left out: the lock model counts it as a step that
 // changes nothing (beyond relaxing those Busys), and as a pending operation it would
 // make porcupine's search exponential in the number of such calls.
 func Operations(ops []Op) []porcupine.Operation {
 	var end int64
-	firstUnknown := map[string]int64{} // key -> earliest call of an unknown Acquire
 	for _, op := range ops {
 		end = max(end, op.Call, op.Return)
-		if op.Kind == Acquire && unknown(op) {
-			if c, ok := firstUnknown[op.Key]; !ok || op.Call < c {
-				firstUnknown[op.Key] = op.Call
-			}
-		}
 	}
 	end++
+	windows := map[string]*unknownWindows{} // key -> when unknown Acquires were under way
+	for _, op := range ops {
+		if op.Kind == Acquire && unknown(op) {
+			w := windows[op.Key]
+			if w == nil {
+				w = &unknownWindows{}
+				windows[op.Key] = w
+			}
+			w.add(op.Call, settledReturn(op, end))
+		}
+	}
+	for _, w := range windows {
+		w.index()
+	}
 	clients := map[string]int{}
 	client := func(name string) int {
 		id, ok := clients[name]
@@ -69,10 +81,10 @@ func Operations(ops []Op) []porcupine.Operation {
 		}
 		res, ret := op.Outcome, op.Return
 		if unknown(op) {
-			res, ret = Unknown, end
+			res, ret = Unknown, settledReturn(op, end)
 		}
 		in := input{client: client(op.Client), name: op.Client, kind: op.Kind, shared: op.Shared, token: op.Token}
-		if c, ok := firstUnknown[op.Key]; ok && (res == Busy || res == Timeout) && c <= ret {
+		if w := windows[op.Key]; w != nil && (res == Busy || res == Timeout) && w.overlaps(op.Call, ret) {
 			in.relaxed = true
 		}
 		out = append(out, porcupine.Operation{ClientId: in.client, Input: in, Call: op.Call, Output: res, Return: ret, Metadata: op.Key})
@@ -81,6 +93,40 @@ func Operations(ops []Op) []porcupine.Operation {
 }
 
 func unknown(op Op) bool { return op.Outcome == "" || op.Outcome == Unknown || op.Return == 0 }
+
+// settledReturn is when an unknown op's effect is over: its Return if EndUnknownBy
+// settled it, else the end of the history.
+func settledReturn(op Op, end int64) int64 {
+	if op.Outcome == Unknown && op.Return != 0 {
+		return op.Return
+	}
+	return end
+}
+
+// unknownWindows are the intervals [call, return] of one key's unknown Acquires, sorted
+// by call, with the running maximum of the returns, so overlaps answers in O(log n).
+type unknownWindows struct {
+	calls, rets []int64 // rets[i]: the latest return among the first i+1 windows
+	raw         [][2]int64
+}
+
+func (w *unknownWindows) add(call, ret int64) { w.raw = append(w.raw, [2]int64{call, ret}) }
+
+func (w *unknownWindows) index() {
+	slices.SortFunc(w.raw, func(a, b [2]int64) int { return cmp.Compare(a[0], b[0]) })
+	var latest int64
+	for _, r := range w.raw {
+		latest = max(latest, r[1])
+		w.calls, w.rets = append(w.calls, r[0]), append(w.rets, latest)
+	}
+}
+
+// overlaps reports whether some window meets [call, ret].
+func (w *unknownWindows) overlaps(call, ret int64) bool {
+	// The windows called by ret; the latest return among them must reach call.
+	n, _ := slices.BinarySearch(w.calls, ret+1)
+	return n > 0 && w.rets[n-1] >= call
+}
 
 // Run checks ops against model with porcupine, giving up after timeout.
 func Run(model porcupine.Model, ops []Op, timeout time.Duration) Verdict {
