@@ -54,8 +54,11 @@ var (
 	// (for a Try call, Config.LockTimeout else DefaultTryConnWait), or the
 	// server could not be reached or did not answer while connecting. No
 	// lock was requested from the server and nothing is held. It is never
-	// ErrLockTimeout: a lock timeout means the key was busy, this means the
-	// database was not reachable in time. OutcomeOf reports it as
+	// ErrLockTimeout: a lock timeout means the wait for the key ran out (on
+	// the server, or in the local queue behind an earlier call of the same
+	// Locker for that key, which may itself be stuck on its way to the
+	// server: see "Pool protection" in gate.go), this means this call's own
+	// connection could not be had in time. OutcomeOf reports it as
 	// OutcomeNoConnection unless the context was cancelled.
 	ErrNoConnection = errors.New("advisory: no connection")
 )
