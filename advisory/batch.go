@@ -27,8 +27,10 @@ import (
 // their results are read: attach readers with QueuedQuery.Query, QueryRow
 // or Exec; they run in order as the results arrive. b is read, not changed
 // or sent: it may be reused. b must not begin or end a transaction itself
-// (Batch.BeginTx, BEGIN, COMMIT, ROLLBACK): its statements must run inside
-// the one the call opens.
+// (BEGIN, START TRANSACTION, COMMIT, END, ROLLBACK, ABORT, PREPARE
+// TRANSACTION): its statements must run inside the one the call opens, so
+// such a batch is refused with ErrInvalid before anything is sent.
+// SAVEPOINT, RELEASE and ROLLBACK TO SAVEPOINT are fine.
 //
 // All or nothing: when a lock cannot be taken or any statement of b fails,
 // the server skips everything after it, COMMIT included, and the
@@ -162,6 +164,9 @@ func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options
 	op := opName(xactOp(try), shared)
 	if b == nil {
 		return &LockError{Op: op, Keys: ks, Err: invalid("nil batch")}
+	}
+	if i, w, found := endsTransaction(b); found {
+		return &LockError{Op: op, Keys: ks, Err: invalid("statement %d of the batch begins or ends a transaction (%s): the call's transaction must hold the keys until its own COMMIT", i, w)}
 	}
 	s, err := newKeySet(ks, l.cfg.MaxKeys)
 	if err != nil {

@@ -491,3 +491,44 @@ func TestXactLockBatchRetriesDeadIdleConnection(t *testing.T) {
 	assert.Equal(t, 3, rowCount(ctx, t, pool, table))
 	assert.NotEqual(t, pid, connPID(ctx, t, pool))
 }
+
+// A batch that would end the call's transaction itself (a COMMIT among its
+// statements would release the keys and keep what ran before it, whatever
+// failed after) is refused with ErrInvalid before anything is sent; the
+// savepoint statements that stay inside the transaction are accepted.
+func TestXactLockBatchRefusesStatementsThatEndTheTransaction(t *testing.T) {
+	ctx := testCtx(t)
+	pool := onePool(t, nil)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+	k := key(t)
+	for _, stmt := range []string{"COMMIT", "end", "ROLLBACK", "abort", "BEGIN", "START TRANSACTION",
+		"PREPARE TRANSACTION 'x'", "/* c */ commit", "SELECT 1; COMMIT"} {
+		b := writes(table, 1)
+		b.Queue(stmt)
+		b.Queue("INSERT INTO " + table + " (id, v) VALUES (1, 'duplicate')")
+		for _, call := range []func(context.Context, []keys.Key, *advisory.Options, *pgx.Batch) error{
+			l.WithXactLockBatch, l.TryWithXactLockBatch,
+		} {
+			err := call(ctx, []keys.Key{k}, nil, b)
+			require.ErrorIs(t, err, advisory.ErrInvalid, stmt)
+			assert.Contains(t, err.Error(), "statement 3", stmt)
+		}
+		assert.Zero(t, rowCount(ctx, t, pool, table), "%s: nothing ran", stmt)
+	}
+
+	b := &pgx.Batch{}
+	b.Queue("INSERT INTO " + table + " (id, v) VALUES (1, 'kept')")
+	b.Queue("SAVEPOINT s")
+	b.Queue("INSERT INTO " + table + " (id, v) VALUES (2, 'undone')")
+	b.Queue("ROLLBACK TO SAVEPOINT s")
+	b.Queue("RELEASE SAVEPOINT s")
+	var held bool
+	classid, objid, objsubid := k.PgLocks()
+	b.Queue(`SELECT count(*) = 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()
+		AND classid = $1 AND objid = $2 AND objsubid = $3`, classid, objid, objsubid).
+		QueryRow(func(row pgx.Row) error { return row.Scan(&held) })
+	require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b))
+	assert.True(t, held, "ROLLBACK TO SAVEPOINT keeps the keys taken before the savepoint")
+	assert.Equal(t, 1, rowCount(ctx, t, pool, table))
+}
