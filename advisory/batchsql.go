@@ -48,7 +48,7 @@ func sqlEndsTransaction(sql string) (string, bool) {
 }
 
 // splitStatements yields the statements of sql, separated by semicolons
-// outside single-quoted strings (E” escapes included), quoted
+// outside single-quoted strings (with E'...' escapes), quoted
 // identifiers, dollar-quoted strings and comments. Comments are kept in the
 // pieces; firstWord skips them.
 func splitStatements(sql string) func(yield func(string) bool) {
