@@ -48,10 +48,13 @@ func TestRenewTracedAndLogged(t *testing.T) {
 	var logs bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
-	m := newManager(t, pool, schema, lease.ManagerConfig{TTL: 600 * time.Millisecond, Tracer: rec, Logger: logger})
-	// Do renews in the background: at least two renewals in ~450ms at TTL/6.
+	// A TTL far above the renewal interval: this test is about tracing, and
+	// a loaded machine must not lose the lease (a 600 ms TTL did, once, at
+	// load 35, when a renewal was slower than the TTL).
+	m := newManager(t, pool, schema, lease.ManagerConfig{TTL: 10 * time.Second, Tracer: rec, Logger: logger})
+	// Do renews in the background, every 100 ms here: wait for two renewals.
 	err := m.Do(ctx, "reports", &lease.DoOptions{RenewEvery: 100 * time.Millisecond}, func(ctx context.Context, l *lease.Lease) error {
-		deadline := time.After(5 * time.Second)
+		deadline := time.After(20 * time.Second)
 		for i := 0; i < 2; i++ {
 			select {
 			case <-deadline:
