@@ -19,6 +19,29 @@ var harness struct {
 	once        sync.Once
 	db          database
 	err         error
+
+	atExitMu sync.Mutex
+	atExit   []func()
+}
+
+// AtExit registers f to run once the tests of the binary have finished, before [Main]
+// stops the database: for what outlives a single test, such as a program built once and
+// shared by the package's tests, which a test's own Cleanup would remove too early.
+// Functions run in reverse order of registration.
+func AtExit(f func()) {
+	harness.atExitMu.Lock()
+	defer harness.atExitMu.Unlock()
+	harness.atExit = append(harness.atExit, f)
+}
+
+func runAtExit() {
+	harness.atExitMu.Lock()
+	fs := harness.atExit
+	harness.atExit = nil
+	harness.atExitMu.Unlock()
+	for i := len(fs) - 1; i >= 0; i-- {
+		fs[i]()
+	}
 }
 
 // Main runs the tests of a package and owns what the harness started. Call it from
@@ -26,7 +49,7 @@ var harness struct {
 //
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
 //
-// After m.Run it stops the throwaway cluster or container, if discovery started one; then,
+// After m.Run it runs the functions registered with [AtExit], then stops the throwaway cluster or container, if discovery started one; then,
 // when the tests passed, it waits (at most 20 s) for the goroutines pgx starts to close
 // interrupted connections in the background ((*PgConn).asyncClose, which may drain a TLS
 // socket for up to 15 s), then checks for leaked goroutines (goleak, allowing
@@ -37,6 +60,7 @@ func Main(m *testing.M) {
 	harness.mainRunning.Store(true)
 	ignore := goleak.IgnoreCurrent()
 	code := m.Run()
+	runAtExit()
 
 	// Nothing may start a database after this point.
 	harness.once.Do(func() { harness.err = fmt.Errorf("pgtest: DSN called after the tests finished") })

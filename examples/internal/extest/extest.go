@@ -110,6 +110,8 @@ func Build(t testing.TB) string {
 			b.err = err
 			return
 		}
+		// Removed when the test binary's tests are over (pgtest.Main).
+		pgtest.AtExit(func() { _ = os.RemoveAll(dir) })
 		b.path = filepath.Join(dir, filepath.Base(wd))
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
