@@ -111,21 +111,7 @@ var (
 			}, closeFn), nil
 		}}
 
-	pgxlockWithLockAll = Contender{Name: "pgxlock WithLockAll", Impl: "pgxlock",
-		New: func(ctx context.Context, e *Env, s Spec) (*Instance, error) {
-			l, closeFn, err := newLocker(ctx, e, s, advisory.Config{})
-			if err != nil {
-				return nil, err
-			}
-			return lockerWorkers(closeFn, func(kb *keyBuf) Op {
-				return func(ctx context.Context, ks []int64, fn func()) error {
-					return l.WithLockAll(ctx, kb.keys(ks), nil, func(context.Context, *pgx.Conn) error {
-						call(fn)
-						return nil
-					})
-				}
-			}), nil
-		}}
+	pgxlockWithLockAll = withLockAllContender(advisory.Config{})
 
 	pgxlockWithXactLock = Contender{Name: "pgxlock WithXactLock", Impl: "pgxlock",
 		New: func(ctx context.Context, e *Env, s Spec) (*Instance, error) {
@@ -141,21 +127,7 @@ var (
 			}, closeFn), nil
 		}}
 
-	pgxlockWithXactLockAll = Contender{Name: "pgxlock WithXactLockAll", Impl: "pgxlock",
-		New: func(ctx context.Context, e *Env, s Spec) (*Instance, error) {
-			l, closeFn, err := newLocker(ctx, e, s, advisory.Config{})
-			if err != nil {
-				return nil, err
-			}
-			return lockerWorkers(closeFn, func(kb *keyBuf) Op {
-				return func(ctx context.Context, ks []int64, fn func()) error {
-					return l.WithXactLockAll(ctx, kb.keys(ks), nil, func(context.Context, pgx.Tx) error {
-						call(fn)
-						return nil
-					})
-				}
-			}), nil
-		}}
+	pgxlockWithXactLockAll = withXactLockAllContender(advisory.Config{})
 )
 
 // Raw pgx: the SQL a careful user would write by hand on a pinned pooled
@@ -511,3 +483,42 @@ var (
 )
 
 func resourceName(k int64) string { return fmt.Sprintf("bench/%d", k) }
+
+// withLockAllContender is WithLockAll on one Locker with cfg, taking every
+// key the workload passes in one call.
+func withLockAllContender(cfg advisory.Config) Contender {
+	return Contender{Name: "pgxlock WithLockAll", Impl: "pgxlock",
+		New: func(ctx context.Context, e *Env, s Spec) (*Instance, error) {
+			l, closeFn, err := newLocker(ctx, e, s, cfg)
+			if err != nil {
+				return nil, err
+			}
+			return lockerWorkers(closeFn, func(kb *keyBuf) Op {
+				return func(ctx context.Context, ks []int64, fn func()) error {
+					return l.WithLockAll(ctx, kb.keys(ks), nil, func(context.Context, *pgx.Conn) error {
+						call(fn)
+						return nil
+					})
+				}
+			}), nil
+		}}
+}
+
+// withXactLockAllContender is withLockAllContender in transaction scope.
+func withXactLockAllContender(cfg advisory.Config) Contender {
+	return Contender{Name: "pgxlock WithXactLockAll", Impl: "pgxlock",
+		New: func(ctx context.Context, e *Env, s Spec) (*Instance, error) {
+			l, closeFn, err := newLocker(ctx, e, s, cfg)
+			if err != nil {
+				return nil, err
+			}
+			return lockerWorkers(closeFn, func(kb *keyBuf) Op {
+				return func(ctx context.Context, ks []int64, fn func()) error {
+					return l.WithXactLockAll(ctx, kb.keys(ks), nil, func(context.Context, pgx.Tx) error {
+						call(fn)
+						return nil
+					})
+				}
+			}), nil
+		}}
+}

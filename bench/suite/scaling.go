@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgxlock/pgxlock/advisory"
@@ -105,37 +104,9 @@ func (s *Suite) runScaling(ctx context.Context) error {
 func keysContenders() []Contender {
 	cfg := advisory.Config{MaxKeys: maxKeysPerCall}
 	return []Contender{
-		{Name: "pgxlock WithLockAll", Impl: "pgxlock",
-			New: func(ctx context.Context, e *Env, s Spec) (*Instance, error) {
-				l, closeFn, err := newLocker(ctx, e, s, cfg)
-				if err != nil {
-					return nil, err
-				}
-				return lockerWorkers(closeFn, func(kb *keyBuf) Op {
-					return func(ctx context.Context, ks []int64, fn func()) error {
-						return l.WithLockAll(ctx, kb.keys(ks), nil, func(context.Context, *pgx.Conn) error {
-							call(fn)
-							return nil
-						})
-					}
-				}), nil
-			}},
+		withLockAllContender(cfg),
 		rawLockMany,
-		{Name: "pgxlock WithXactLockAll", Impl: "pgxlock",
-			New: func(ctx context.Context, e *Env, s Spec) (*Instance, error) {
-				l, closeFn, err := newLocker(ctx, e, s, cfg)
-				if err != nil {
-					return nil, err
-				}
-				return lockerWorkers(closeFn, func(kb *keyBuf) Op {
-					return func(ctx context.Context, ks []int64, fn func()) error {
-						return l.WithXactLockAll(ctx, kb.keys(ks), nil, func(context.Context, pgx.Tx) error {
-							call(fn)
-							return nil
-						})
-					}
-				}), nil
-			}},
+		withXactLockAllContender(cfg),
 		rawXactPipelinedMany,
 	}
 }
@@ -310,79 +281,23 @@ func (s *Suite) runPinned(ctx context.Context) error {
 	if !s.want("scaling", "pinned") {
 		return nil
 	}
-	pool, closePool, err := newPool(ctx, &s.env, Spec{PoolSize: unrelatedPool})
-	if err != nil {
-		return err
-	}
-	defer closePool()
-	holder, err := pgx.Connect(ctx, s.env.DSN)
-	if err != nil {
-		return err
-	}
-	defer holder.Close(context.WithoutCancel(ctx))
 	t0 := time.Now()
 	lw, rw := pgxlockWithLock, rawLockUnlock
 	scs := []*urScenario{{name: "baseline (queries only)"}}
-	var out []*PinnedResult
-	out = append(out, &PinnedResult{Waiters: 0})
+	out := []*PinnedResult{{Waiters: 0}}
 	for _, w := range []int{1, 4, 16, 64} {
 		for _, c := range []*Contender{&lw, &rw} {
-			scs = append(scs, &urScenario{name: fmt.Sprintf("%s: %d waiting on a held key", c.Impl, w), c: c, held: true})
+			scs = append(scs, &urScenario{name: fmt.Sprintf("%s: %d waiting on a held key", c.Impl, w), c: c, held: true, lockers: w})
 			out = append(out, &PinnedResult{Waiters: w})
 		}
 	}
-	defer func() {
-		for _, sc := range scs {
-			if sc.inst != nil {
-				sc.inst.Close()
-			}
-		}
-	}()
+	err := s.measureUnrelated(ctx, scs, s.env.KeyBase+310000, s.params.pnRounds, s.params.pnSlice)
 	for i, sc := range scs {
-		impl := "-"
-		if sc.c != nil {
-			impl = sc.c.Impl
-			inst, err := sc.c.New(ctx, &s.env, Spec{Pool: pool})
-			if err != nil {
-				return err
-			}
-			sc.inst = inst
-			for g := 0; g < out[i].Waiters; g++ {
-				op, err := inst.Worker(g)
-				if err != nil {
-					return err
-				}
-				sc.ops = append(sc.ops, op)
-			}
-		}
-		sc.res = &UnrelatedResult{Scenario: sc.name, Impl: impl}
 		out[i].UnrelatedResult = sc.res
 	}
 	s.res.Scaling.Pinned = out
-	s.queryLoad(ctx, pool, 200*time.Millisecond) // warm the pool to its full size
-	key := s.env.KeyBase + 310000
-	p := s.params
-	for round := 0; round < p.pnRounds; round++ {
-		for i := range scs {
-			sc := scs[i]
-			if round%2 == 1 {
-				sc = scs[len(scs)-1-i]
-			}
-			if err := s.unrelatedSlice(ctx, pool, holder, sc, key, p.pnSlice); err != nil {
-				return err
-			}
-		}
-	}
-	base := scs[0]
-	for _, sc := range scs {
-		sc.res.Queries = sc.count
-		sc.res.Seconds = sc.secs
-		sc.res.QPS = ratio(float64(sc.count), sc.secs)
-		sc.res.Lat = summarize(sc.lat)
-	}
-	for _, sc := range scs {
-		sc.res.Ratio = ratio(sc.res.QPS, base.res.QPS)
-		sc.res.Paired = pairedRatio(sc.rounds, base.rounds)
+	if err != nil {
+		return err
 	}
 	s.logf("scaling pinned: pool %d, %d query goroutines, 1..64 waiters (%v)", unrelatedPool, unrelatedQueries, time.Since(t0).Round(time.Millisecond))
 	return s.save()

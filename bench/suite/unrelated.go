@@ -44,16 +44,17 @@ type UnrelatedResult struct {
 }
 
 type urScenario struct {
-	name   string
-	c      *Contender // nil: baseline
-	held   bool
-	res    *UnrelatedResult
-	inst   *Instance
-	ops    []Op
-	lat    []time.Duration
-	count  int
-	secs   float64
-	rounds []float64 // queries per second per round
+	name    string
+	c       *Contender // nil: baseline
+	held    bool
+	lockers int // goroutines using the lock (c != nil)
+	res     *UnrelatedResult
+	inst    *Instance
+	ops     []Op
+	lat     []time.Duration
+	count   int
+	secs    float64
+	rounds  []float64 // queries per second per round
 }
 
 func (s *Suite) runUnrelated(ctx context.Context) error {
@@ -62,6 +63,38 @@ func (s *Suite) runUnrelated(ctx context.Context) error {
 	}
 	p := s.params
 	s.logf("unrelated queries: pool %d, %d query goroutines, %d lock goroutines", unrelatedPool, unrelatedQueries, unrelatedLockers)
+	lw, rw := pgxlockWithLock, rawLockUnlock
+	scs := []*urScenario{
+		{name: "baseline (queries only)"},
+		{name: "pgxlock: 64 waiting on a held key", c: &lw, held: true, lockers: unrelatedLockers},
+		{name: "raw pgx: 64 waiting on a held key", c: &rw, held: true, lockers: unrelatedLockers},
+		{name: "pgxlock: 64 taking the key in turn (1 ms work)", c: &lw, lockers: unrelatedLockers},
+		{name: "raw pgx: 64 taking the key in turn (1 ms work)", c: &rw, lockers: unrelatedLockers},
+	}
+	err := s.measureUnrelated(ctx, scs, s.env.KeyBase+300000, p.urRounds, p.urSlice)
+	for _, sc := range scs {
+		s.res.Unrelated = append(s.res.Unrelated, sc.res)
+	}
+	if err != nil {
+		return err
+	}
+	return s.save()
+}
+
+// measureUnrelated runs the scenarios scs (the first is the queries-only
+// baseline) on one pool of unrelatedPool connections, with a connection
+// outside it to hold key: it builds each scenario's lock goroutines, warms
+// the pool, runs rounds slices of each scenario interleaved (in reverse
+// order every other round), and fills each sc.res, ratios to the baseline
+// included. sc.res is set even when it fails part-way.
+func (s *Suite) measureUnrelated(ctx context.Context, scs []*urScenario, key int64, rounds int, slice time.Duration) error {
+	for _, sc := range scs {
+		impl := "-"
+		if sc.c != nil {
+			impl = sc.c.Impl
+		}
+		sc.res = &UnrelatedResult{Scenario: sc.name, Impl: impl}
+	}
 	pool, closePool, err := newPool(ctx, &s.env, Spec{PoolSize: unrelatedPool})
 	if err != nil {
 		return err
@@ -72,68 +105,54 @@ func (s *Suite) runUnrelated(ctx context.Context) error {
 		return err
 	}
 	defer holder.Close(context.WithoutCancel(ctx))
-
-	lw, rw := pgxlockWithLock, rawLockUnlock
-	scs := []*urScenario{
-		{name: "baseline (queries only)"},
-		{name: "pgxlock: 64 waiting on a held key", c: &lw, held: true},
-		{name: "raw pgx: 64 waiting on a held key", c: &rw, held: true},
-		{name: "pgxlock: 64 taking the key in turn (1 ms work)", c: &lw},
-		{name: "raw pgx: 64 taking the key in turn (1 ms work)", c: &rw},
-	}
+	defer func() {
+		for _, sc := range scs {
+			if sc.inst != nil {
+				sc.inst.Close()
+			}
+		}
+	}()
 	for _, sc := range scs {
-		impl := "-"
-		if sc.c != nil {
-			impl = sc.c.Impl
-			inst, err := sc.c.New(ctx, &s.env, Spec{Pool: pool})
+		if sc.c == nil {
+			continue
+		}
+		inst, err := sc.c.New(ctx, &s.env, Spec{Pool: pool})
+		if err != nil {
+			return err
+		}
+		sc.inst = inst
+		for g := 0; g < sc.lockers; g++ {
+			op, err := inst.Worker(g)
 			if err != nil {
 				return err
 			}
-			sc.inst = inst
-			for g := 0; g < unrelatedLockers; g++ {
-				op, err := inst.Worker(g)
-				if err != nil {
-					return err
-				}
-				sc.ops = append(sc.ops, op)
-			}
+			sc.ops = append(sc.ops, op)
 		}
-		sc.res = &UnrelatedResult{Scenario: sc.name, Impl: impl}
-		s.res.Unrelated = append(s.res.Unrelated, sc.res)
 	}
-	// Warm the pool to its full size.
-	s.queryLoad(ctx, pool, 200*time.Millisecond)
-	key := s.env.KeyBase + 300000
-	for round := 0; round < p.urRounds; round++ {
+	s.queryLoad(ctx, pool, 200*time.Millisecond) // warm the pool to its full size
+	for round := 0; round < rounds; round++ {
 		for i := range scs {
 			sc := scs[i]
 			if round%2 == 1 {
 				sc = scs[len(scs)-1-i]
 			}
-			if err := s.unrelatedSlice(ctx, pool, holder, sc, key, p.urSlice); err != nil {
+			if err := s.unrelatedSlice(ctx, pool, holder, sc, key, slice); err != nil {
 				return err
 			}
 		}
 	}
-	var base float64
-	var baseRounds []float64
+	base := scs[0]
 	for _, sc := range scs {
 		sc.res.Queries = sc.count
 		sc.res.Seconds = sc.secs
 		sc.res.QPS = ratio(float64(sc.count), sc.secs)
 		sc.res.Lat = summarize(sc.lat)
-		if sc.c == nil {
-			base, baseRounds = sc.res.QPS, sc.rounds
-		}
-		if sc.inst != nil {
-			sc.inst.Close()
-		}
 	}
 	for _, sc := range scs {
-		sc.res.Ratio = ratio(sc.res.QPS, base)
-		sc.res.Paired = pairedRatio(sc.rounds, baseRounds)
+		sc.res.Ratio = ratio(sc.res.QPS, base.res.QPS)
+		sc.res.Paired = pairedRatio(sc.rounds, base.rounds)
 	}
-	return s.save()
+	return nil
 }
 
 func (s *Suite) unrelatedSlice(ctx context.Context, pool *pgxpool.Pool, holder *pgx.Conn, sc *urScenario, key int64, d time.Duration) error {
