@@ -55,10 +55,10 @@ func BenchmarkColumnAcquireRelease(b *testing.B) {
 		for b.Loop() {
 			var token *int64
 			var exists, ours bool
-			if err := pool.QueryRow(ctx, acquireSQL, int64(1), owner, time.Minute).Scan(&token, &exists); err != nil || token == nil {
+			if err := pool.QueryRow(ctx, acquireSQL, int64(1), owner, time.Minute, users, "identity_action_locked_at").Scan(&token, &exists); err != nil || token == nil {
 				b.Fatal(err, token)
 			}
-			if err := pool.QueryRow(ctx, releaseSQL, int64(1), owner).Scan(&ours, &exists); err != nil || !ours {
+			if err := pool.QueryRow(ctx, releaseSQL, int64(1), owner, *token).Scan(&ours, &exists); err != nil || !ours {
 				b.Fatal(err, ours)
 			}
 		}

@@ -66,7 +66,9 @@ type Column struct {
 	acquireSQL     string
 	renewSQL       string
 	releaseSQL     string
+	giveBackSQL    string
 	migrateSQL     string
+	lockedAt       string   // the locked-at column's name, for the precision pad
 	columns        []string // locked-at, owner, fence: what Migrate checks for
 	obs            observer
 }
@@ -86,7 +88,7 @@ const (
 	columnAcquireSQL = `
 WITH claimed AS (
 	UPDATE {t} SET {at} = now(), {by} = $2, {fence} = {next_fence}
-	WHERE {id} = $1 AND ({at} IS NULL OR {at} < now() - $3::interval)
+	WHERE {id} = $1 AND ({at} IS NULL OR {at} < now() - $3::interval - {pad})
 	RETURNING {fence} AS token
 )
 SELECT (SELECT token FROM claimed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
@@ -97,21 +99,54 @@ SELECT (SELECT token FROM claimed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
 	columnRenewSQL = `
 WITH renewed AS (
 	UPDATE {t} SET {at} = now()
-	WHERE {id} = $1 AND {by} = $2 AND {at} >= now() - $3::interval
+	WHERE {id} = $1 AND {by} = $2 AND {fence} = $6 AND {at} >= now() - $3::interval - {pad}
 	RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM renewed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
 
 	// Release clears the lease if it is still ours, expired or not: an
 	// expired lease nobody took over is still only ours. The fence column
-	// keeps its value so tokens keep increasing.
+	// keeps its value so tokens keep increasing. Like renew, it matches the
+	// token ($3) as well as the owner: while an acquisition holds the row,
+	// the fence column holds that acquisition's token, so a ColumnRef whose
+	// token (or owner) was edited matches nothing.
 	columnReleaseSQL = `
 WITH released AS (
 	UPDATE {t} SET {at} = NULL, {by} = NULL
-	WHERE {id} = $1 AND {by} = $2
+	WHERE {id} = $1 AND {by} = $2 AND {fence} = $3
 	RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM released), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
+
+	// The give-back of an acquisition whose outcome is unknown: its token
+	// was never read, so it matches the owner alone, which is fresh for
+	// every acquisition and so matches only if that very statement won.
+	columnGiveBackSQL = `
+UPDATE {t} SET {at} = NULL, {by} = NULL WHERE {id} = $1 AND {by} = $2`
+
+	// columnPadSQL is half a unit of the locked-at column's precision: 0.5s
+	// for timestamptz(0) or timestamp(0), 5us for precision 5, zero for
+	// precision 6 or none. A column of precision p < 6 rounds the assigned
+	// now() to p digits, to the nearest unit, so the stored locked-at time
+	// may be up to half a unit earlier than the acquisition (or renewal)
+	// really was; a lease judged from it would end up to that much before
+	// its TTL. The takeover check and the renewal check both subtract the
+	// pad from now() - TTL, so a lease can be taken over only once TTL has
+	// passed since the acquisition's (or renewal's) own now(): stored >=
+	// true - pad, and stored < now() - TTL - pad implies true < now() - TTL.
+	// (Rounding up only delays the takeover.) The column's typmod is read
+	// from the catalog by every statement ($4 is the quoted, qualified
+	// table name, resolved as the statement resolves it; $5 the column
+	// name), so a column altered to another precision is judged by its
+	// current one; one not found there (which the statement itself would
+	// then report) gets the largest pad.
+	columnPadSQL = `coalesce((
+	SELECT CASE WHEN p.typmod BETWEEN 0 AND 5 THEN (5 * 10 ^ (5 - p.typmod))::bigint * interval '1 microsecond'
+		ELSE interval '0' END
+	FROM (SELECT CASE WHEN ty.typtype = 'd' THEN ty.typtypmod ELSE a.atttypmod END AS typmod
+		FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON ty.oid = a.atttypid
+		WHERE a.attrelid = pg_catalog.to_regclass($4) AND a.attname = $5 AND a.attnum > 0 AND NOT a.attisdropped) p
+), interval '0.5 second')`
 )
 
 // NewColumn validates cfg and prepares the statements. It sends nothing to the
@@ -167,6 +202,7 @@ func NewColumn(pool *pgxpool.Pool, cfg ColumnConfig) (*Column, error) {
 		"{t}", table, "{id}", quote(cfg.IDColumn), "{at}", quote(cfg.LockedAtColumn),
 		"{by}", quote(cfg.OwnerColumn), "{fence}", quote(cfg.FenceColumn),
 		"{next_fence}", nextTokenSQL("coalesce("+quote(cfg.FenceColumn)+", 0)"),
+		"{pad}", columnPadSQL,
 	)
 	return &Column{
 		pool:           pool,
@@ -176,6 +212,8 @@ func NewColumn(pool *pgxpool.Pool, cfg ColumnConfig) (*Column, error) {
 		acquireSQL:     r.Replace(columnAcquireSQL),
 		renewSQL:       r.Replace(columnRenewSQL),
 		releaseSQL:     r.Replace(columnReleaseSQL),
+		giveBackSQL:    r.Replace(columnGiveBackSQL),
+		lockedAt:       cfg.LockedAtColumn,
 		migrateSQL:     r.Replace(columnMigrateSQL),
 		columns:        []string{cfg.LockedAtColumn, cfg.OwnerColumn, cfg.FenceColumn},
 		obs:            newObserver(FormColumn, cfg.Tracer, cfg.Logger),
@@ -209,7 +247,7 @@ func (c *Column) TryAcquire(ctx context.Context, id any) (*ColumnLease, error) {
 	var token *int64
 	var exists bool
 	err := exec(ctx, c.pool, c.releaseTimeout, waitTry, func(b *pgx.Batch) {
-		b.Queue(c.acquireSQL, id, l.owner, c.ttl).QueryRow(func(row pgx.Row) error {
+		b.Queue(c.acquireSQL, id, l.owner, c.ttl, c.table, c.lockedAt).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&token, &exists)
 		})
 	})
@@ -261,7 +299,7 @@ func (l *ColumnLease) Token() int64 { return l.token }
 // taken over, ErrNotFound if the row is gone.
 func (l *ColumnLease) Renew(ctx context.Context) error {
 	start := time.Now()
-	err := l.scoped(ctx, "renew", l.c.renewSQL, l.id, l.owner, l.c.ttl)
+	err := l.scoped(ctx, "renew", l.c.renewSQL, l.id, l.owner, l.c.ttl, l.c.table, l.c.lockedAt, l.token)
 	l.c.obs.renewed(ctx, l.Resource(), l.token, start, err)
 	return err
 }
@@ -273,7 +311,7 @@ func (l *ColumnLease) Renew(ctx context.Context) error {
 // already released), ErrNotFound if the row is gone. Releasing an expired
 // lease nobody took over succeeds.
 func (l *ColumnLease) Release(ctx context.Context) error {
-	return l.scoped(ctx, "release", l.c.releaseSQL, l.id, l.owner)
+	return l.scoped(ctx, "release", l.c.releaseSQL, l.id, l.owner, l.token)
 }
 
 func (l *ColumnLease) scoped(ctx context.Context, op, sql string, args ...any) error {
@@ -298,7 +336,10 @@ func (l *ColumnLease) scoped(ctx context.Context, op, sql string, args ...any) e
 func (l *ColumnLease) giveBack(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.releaseTimeout)
 	defer cancel()
-	_ = l.Release(rctx) // best effort: the TTL is the safety net if this fails too
+	// Best effort: the TTL is the safety net if this fails too.
+	_ = exec(rctx, l.c.pool, l.c.releaseTimeout, waitCtx, func(b *pgx.Batch) {
+		b.Queue(l.c.giveBackSQL, l.id, l.owner)
+	})
 }
 
 // keepAlive adapts a column lease to the Do machinery.

@@ -39,6 +39,39 @@ func newID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
+// isOwnerToken reports whether s has the form newID gives: a lowercase
+// RFC 4122 version 4 UUID in its 36-character text form. A text owner column
+// compares it byte for byte and a uuid column parses it; holding stored
+// owners to this one form keeps an edited owner (other case, braces, no
+// dashes, which a uuid column would read as the same value) from matching.
+func isOwnerToken(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		case 14:
+			if c != '4' {
+				return false
+			}
+		case 19:
+			if c != '8' && c != '9' && c != 'a' && c != 'b' {
+				return false
+			}
+		default:
+			if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // defaultOwner is the owner label used when neither ManagerConfig.Owner nor
 // AcquireOptions.Owner is set: "<hostname>:<pid>", enough for an operator to
 // find the process in List and for ReleaseAll after a restart on the same host

@@ -110,14 +110,26 @@ func (r *ColumnRef) UnmarshalJSON(data []byte) error {
 func (l *ColumnLease) Ref() ColumnRef { return ColumnRef{ID: l.id, Owner: l.owner, Token: l.token} }
 
 // Resume rebuilds a ColumnLease from a ColumnRef, for Renew and Release. It
-// sends nothing; see Manager.Resume. It returns ErrInvalid for a Ref with no
-// owner or an id TryAcquire would refuse.
+// sends nothing; see Manager.Resume. Renew and Release of the resumed lease
+// match the row's owner and fence columns against the Ref's Owner and
+// Token, so a Ref with any field edited matches nothing (ErrLeaseLost, or
+// ErrNotFound for an id no row has). It returns ErrInvalid, before any SQL,
+// for an id TryAcquire would refuse, a token below 1 (no acquisition issues
+// one), and an owner that is not an owner token this package issues (a
+// lowercase RFC 4122 UUID, as Owner returns; NUL bytes, invalid UTF-8 and
+// other text included); such an error does not quote the owner.
 func (c *Column) Resume(ref ColumnRef) (*ColumnLease, error) {
 	if err := checkID(ref.ID); err != nil {
 		return nil, opError("resume", resourceOf(ref.ID), err)
 	}
-	if ref.Owner == "" {
+	switch {
+	case ref.Owner == "":
 		return nil, opError("resume", resourceOf(ref.ID), fmt.Errorf("%w: incomplete ColumnRef", ErrInvalid))
+	case !isOwnerToken(ref.Owner):
+		return nil, opError("resume", resourceOf(ref.ID), fmt.Errorf(
+			"%w: ColumnRef owner (%d bytes) is not an owner token (a lowercase UUID)", ErrInvalid, len(ref.Owner)))
+	case ref.Token < 1:
+		return nil, opError("resume", resourceOf(ref.ID), fmt.Errorf("%w: ColumnRef token %d is below 1", ErrInvalid, ref.Token))
 	}
 	return &ColumnLease{c: c, id: ref.ID, owner: ref.Owner, token: ref.Token}, nil
 }
