@@ -1,0 +1,175 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/lease"
+)
+
+// Issue 21 part 1: on a timestamptz(0) or timestamp(0) lock column the
+// column rounds the assigned now() to the second, up to 0.5s either way; a
+// lease stored rounded down was taken over up to 0.5s before its TTL, while
+// the first holder's callback context was still live.
+//
+// The test keeps a ledger written by a trigger on the leased table, in the
+// lease statements' own transactions: for every acquisition, renewal and
+// release, the statement's now() and the fence (token). It then asserts on
+// database times only: a takeover (an acquisition not preceded by a
+// release) happens at least TTL after the previous holder's last
+// acquisition or renewal, on every precision 0-6 of both types and with no
+// precision, timestamp also under a non-UTC session TimeZone. And the Do
+// holder's callback context is done before the next holder gets the row.
+func TestOneHolderOnEveryTimestampPrecision(t *testing.T) {
+	const ttl = 800 * time.Millisecond
+	type config struct{ typ, tz string }
+	var configs []config
+	for _, typ := range []string{"timestamptz", "timestamp"} {
+		configs = append(configs, config{typ, ""})
+		for p := 0; p <= 6; p++ {
+			configs = append(configs, config{fmt.Sprintf("%s(%d)", typ, p), ""})
+		}
+	}
+	for _, typ := range []string{"timestamp(0)", "timestamp(3)", "timestamp", "timestamptz(0)"} {
+		configs = append(configs, config{typ, "Asia/Kathmandu"}) // UTC+05:45
+	}
+	for _, cfg := range configs {
+		name := cfg.typ
+		if cfg.tz != "" {
+			name += "/" + cfg.tz
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := testCtx(t)
+			newPool := func(maxConns int32) *pgxpool.Pool {
+				pc := pgtest.Config(t)
+				pc.MaxConns = maxConns
+				if cfg.tz != "" {
+					pc.ConnConfig.RuntimeParams["timezone"] = cfg.tz
+				}
+				return pgtest.NewPool(t, pc)
+			}
+			holderPool, takerPool := newPool(1), newPool(2)
+			schema := pgtest.Schema(t, takerPool)
+			jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+			ledger := pgx.Identifier{schema, "ledger"}.Sanitize()
+			fn := pgx.Identifier{schema, "log_lease"}.Sanitize()
+			mustExec(t, takerPool, "CREATE TABLE "+jobs+" (id bigint PRIMARY KEY, locked_at "+cfg.typ+", locked_by text, lock_fence bigint NOT NULL DEFAULT 0)")
+			mustExec(t, takerPool, "INSERT INTO "+jobs+" (id) VALUES (1), (2)")
+			mustExec(t, takerPool, "CREATE TABLE "+ledger+" (seq bigserial PRIMARY KEY, id bigint, fence bigint, kind text, at timestamptz)")
+			mustExec(t, takerPool, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+	INSERT INTO `+ledger+` (id, fence, kind, at) VALUES (NEW.id, NEW.lock_fence,
+		CASE WHEN NEW.locked_at IS NULL THEN 'release'
+			WHEN NEW.lock_fence IS DISTINCT FROM OLD.lock_fence THEN 'acquire' ELSE 'renew' END, now());
+	RETURN NEW;
+END $f$`)
+			mustExec(t, takerPool, "CREATE TRIGGER log_lease BEFORE UPDATE ON "+jobs+" FOR EACH ROW EXECUTE FUNCTION "+fn+"()")
+			colCfg := lease.ColumnConfig{Schema: schema, Table: "jobs", TTL: ttl}
+			holder, err := lease.NewColumn(holderPool, colCfg)
+			require.NoError(t, err)
+			taker, err := lease.NewColumn(takerPool, colCfg)
+			require.NoError(t, err)
+
+			// steer starts the next acquisition early in a database second, so
+			// that precision 0 rounds it down (the unsafe direction).
+			steer := func() {
+				for {
+					var frac float64
+					require.NoError(t, takerPool.QueryRow(ctx, "SELECT extract(epoch FROM clock_timestamp())::numeric % 1").Scan(&frac))
+					if frac > 0.05 && frac < 0.3 {
+						return
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			// takeOver polls until the taker gets the row, then runs check.
+			takeOver := func(id int64, check func()) *lease.ColumnLease {
+				for {
+					l, err := taker.TryAcquire(ctx, id)
+					if err == nil {
+						check()
+						return l
+					}
+					require.ErrorIs(t, err, lease.ErrNotAcquired)
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+
+			// Row 1: a holder acquires, renews once, and stops: the takeover
+			// is judged from the renewal.
+			steer()
+			l, err := holder.TryAcquire(ctx, int64(1))
+			require.NoError(t, err)
+			time.Sleep(ttl / 4) // not a synchronisation: only spaces the renewal from the acquisition
+			require.NoError(t, l.Renew(ctx))
+			next := takeOver(1, func() {})
+			require.NoError(t, next.Release(ctx))
+
+			// Row 2: Do with default options, and a callback that keeps the
+			// holder pool's only connection until its context ends, so that no
+			// renewal gets through: the trust window closes, and the callback
+			// must be cancelled before the row can be taken.
+			steer()
+			var cancelled atomic.Bool
+			doErr := make(chan error, 1)
+			started := make(chan struct{})
+			go func() {
+				doErr <- holder.TryDo(ctx, int64(2), nil, func(ctx context.Context, _ *lease.ColumnLease) error {
+					c, err := holderPool.Acquire(ctx)
+					close(started)
+					if err == nil {
+						<-ctx.Done()
+						c.Release()
+					}
+					cancelled.Store(true)
+					return nil
+				})
+			}()
+			select {
+			case <-started:
+			case err := <-doErr:
+				t.Fatalf("TryDo returned before its callback ran: %v", err)
+			}
+			next = takeOver(2, func() {
+				assert.True(t, cancelled.Load(), "the next holder got the row while the callback's context was live")
+			})
+			require.NoError(t, next.Release(ctx))
+			require.ErrorIs(t, <-doErr, lease.ErrLeaseLost, "the trust window closed")
+
+			// The ledger, on database time only.
+			rows, err := takerPool.Query(ctx, "SELECT id, fence, kind, at FROM "+ledger+" ORDER BY seq")
+			require.NoError(t, err)
+			type event struct {
+				fence int64
+				kind  string
+				at    time.Time
+			}
+			last := map[int64]event{}
+			takeovers := 0
+			for rows.Next() {
+				var id int64
+				var e event
+				require.NoError(t, rows.Scan(&id, &e.fence, &e.kind, &e.at))
+				prev, seen := last[id]
+				if e.kind == "acquire" && seen && prev.kind != "release" {
+					takeovers++
+					assert.GreaterOrEqual(t, e.at.Sub(prev.at), ttl,
+						"row %d: token %d taken over %v after token %d's last %s (TTL %v)", id, e.fence, e.at.Sub(prev.at), prev.fence, prev.kind, ttl)
+				}
+				last[id] = e
+			}
+			require.NoError(t, rows.Err())
+			assert.GreaterOrEqual(t, takeovers, 1, "row 1 was taken over")
+		})
+	}
+}
