@@ -158,3 +158,139 @@ func TestCrashedHolderIsTakenOver(t *testing.T) {
 		})
 	}
 }
+
+// Issue 21 part 2: with synchronous_commit = off, COMMIT returns before the
+// WAL is flushed, and an immediate-mode crash lost acquisitions and releases
+// that had returned: after the restart the next tokens were 7 and 6 where
+// tokens up to 8 had been handed out, and released leases came back as held.
+// On a private cluster, with synchronous_commit = off set at each level in
+// turn (server, database, role, session), the test hands out tokens 1-8 and
+// releases them, keeps a ninth lease held and a released one, crashes the
+// server (pg_ctl stop -m immediate) at once, restarts it, and checks what
+// survived: every returned acquisition and release, for both forms.
+func TestTokensSurviveServerCrash(t *testing.T) {
+	cluster := pgtest.Cluster(t)
+	ctx := testCtx(t)
+	admin := func() *pgxpool.Pool { // a fresh pool: the crash ends every connection
+		cfg, err := pgxpool.ParseConfig(cluster.DSN())
+		require.NoError(t, err)
+		cfg.MaxConns = 2
+		return pgtest.NewPool(t, cfg)
+	}
+	a := admin()
+	// The WAL writer flushes asynchronous commits every wal_writer_delay
+	// (200ms by default); at its maximum, what the crash loses does not
+	// depend on how fast the test runs.
+	mustExec(t, a, "ALTER SYSTEM SET wal_writer_delay = '10s'")
+	mustExec(t, a, "SELECT pg_reload_conf()")
+
+	levels := []struct {
+		name       string
+		set, reset string
+		session    bool
+	}{
+		{"server", "ALTER SYSTEM SET synchronous_commit = off", "ALTER SYSTEM RESET synchronous_commit", false},
+		{"database", "ALTER DATABASE postgres SET synchronous_commit = off", "ALTER DATABASE postgres RESET synchronous_commit", false},
+		{"role", "ALTER ROLE postgres SET synchronous_commit = off", "ALTER ROLE postgres RESET synchronous_commit", false},
+		{"session", "", "", true},
+	}
+	for i, lv := range levels {
+		t.Run(lv.name, func(t *testing.T) {
+			a := admin()
+			if lv.set != "" {
+				mustExec(t, a, lv.set)
+				mustExec(t, a, "SELECT pg_reload_conf()")
+				t.Cleanup(func() {
+					a := admin()
+					mustExec(t, a, lv.reset)
+					mustExec(t, a, "SELECT pg_reload_conf()")
+				})
+			}
+			newPool := func() *pgxpool.Pool {
+				cfg, err := pgxpool.ParseConfig(cluster.DSN())
+				require.NoError(t, err)
+				cfg.MaxConns = 2
+				if lv.session {
+					cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+				}
+				return pgtest.NewPool(t, cfg)
+			}
+			pool := newPool()
+			require.Eventually(t, func() bool { // pg_reload_conf is asynchronous
+				var v string
+				return pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&v) == nil && v == "off"
+			}, 30*time.Second, 20*time.Millisecond, "synchronous_commit is off for the lease sessions")
+
+			schema := fmt.Sprintf("crash%d", i)
+			mustExec(t, a, "CREATE SCHEMA "+schema)
+			col := usersTable(t, pool, schema, time.Hour, 1, 2)
+			m := newManager(t, pool, schema, lease.ManagerConfig{TTL: time.Hour})
+			mustExec(t, a, "CHECKPOINT") // the tables themselves survive: the test is about the leases
+
+			// Tokens 1-8 handed out and released, 9 held; row 2 / "released"
+			// acquired and released last, just before the crash.
+			var lastColumn, lastManager int64
+			for range 8 {
+				l, err := col.TryAcquire(ctx, int64(1))
+				require.NoError(t, err)
+				require.NoError(t, l.Release(ctx))
+				ml, err := m.TryAcquire(ctx, "job", nil)
+				require.NoError(t, err)
+				require.NoError(t, ml.Release(ctx))
+				lastColumn, lastManager = l.Token(), ml.Token()
+			}
+			held, err := col.TryAcquire(ctx, int64(1))
+			require.NoError(t, err)
+			mheld, err := m.TryAcquire(ctx, "job", nil)
+			require.NoError(t, err)
+			require.Equal(t, lastColumn+1, held.Token())
+			require.Equal(t, lastManager+1, mheld.Token())
+			r, err := col.TryAcquire(ctx, int64(2))
+			require.NoError(t, err)
+			require.NoError(t, r.Release(ctx))
+			mr, err := m.TryAcquire(ctx, "released", nil)
+			require.NoError(t, err)
+			require.NoError(t, mr.Release(ctx))
+
+			require.NoError(t, cluster.Crash(ctx))
+			pool.Reset()
+			after := newPool()
+			colAfter, err := lease.NewColumn(after, crashColumnConfig(schema))
+			require.NoError(t, err)
+			mAfter, err := lease.NewManager(after, lease.ManagerConfig{Schema: schema, TTL: time.Hour})
+			require.NoError(t, err)
+
+			// What was held is still held, and still its holder's.
+			_, err = colAfter.TryAcquire(ctx, int64(1))
+			assert.ErrorIs(t, err, lease.ErrNotAcquired, "the held column lease survived the crash")
+			_, err = mAfter.TryAcquire(ctx, "job", nil)
+			assert.ErrorIs(t, err, lease.ErrNotAcquired, "the held manager lease survived the crash")
+			resumed, err := colAfter.Resume(held.Ref())
+			require.NoError(t, err)
+			assert.NoError(t, resumed.Release(ctx))
+			mresumed, err := mAfter.Resume(mheld.Ref())
+			require.NoError(t, err)
+			assert.NoError(t, mresumed.Release(ctx))
+
+			// What was released is free.
+			r2, err := colAfter.TryAcquire(ctx, int64(2))
+			if assert.NoError(t, err, "the released column lease stayed released") {
+				assert.Greater(t, r2.Token(), r.Token())
+			}
+			mr2, err := mAfter.TryAcquire(ctx, "released", nil)
+			if assert.NoError(t, err, "the released manager lease stayed released") {
+				assert.Greater(t, mr2.Token(), mr.Token())
+			}
+
+			// And the next tokens are above every token handed out.
+			next, err := colAfter.TryAcquire(ctx, int64(1))
+			if assert.NoError(t, err) {
+				assert.Greater(t, next.Token(), held.Token(), "column tokens strictly increase across the crash")
+			}
+			mnext, err := mAfter.TryAcquire(ctx, "job", nil)
+			if assert.NoError(t, err) {
+				assert.Greater(t, mnext.Token(), mheld.Token(), "manager tokens strictly increase across the crash")
+			}
+		})
+	}
+}

@@ -34,13 +34,24 @@ const (
 	// written, and against which now() is compared, in the session's
 	// TimeZone. UTC for everyone makes every session agree; timestamptz
 	// columns are unaffected.
-	frameSQL  = "SELECT set_config('TimeZone', 'UTC', true)"
-	commitSQL = "COMMIT"
+	//
+	// synchronous_commit at least local for the transaction only: with
+	// synchronous_commit = off (from postgresql.conf, ALTER SYSTEM, the
+	// database, the role, the DSN or the session) COMMIT returns before
+	// the WAL is flushed, and a crash then loses acquisitions and releases
+	// that had returned: tokens already handed out are handed out again,
+	// released leases come back. Every other value (local, remote_write,
+	// on, remote_apply) already waits for the local flush, and is kept as
+	// it is, so synchronous standbys are waited for as configured.
+	frameSQL = "SELECT set_config('TimeZone', 'UTC', true), " + durableSQL
+	// durableSQL raises synchronous_commit = off to local, keeping any
+	// other value.
+	durableSQL = "set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true)"
+	commitSQL  = "COMMIT"
 )
 
 // frameTrySQL is frameSQL plus lock_timeout = TryLockTimeout.
-var frameTrySQL = fmt.Sprintf("SELECT set_config('TimeZone', 'UTC', true), set_config('lock_timeout', '%dms', true)",
-	TryLockTimeout.Milliseconds())
+var frameTrySQL = fmt.Sprintf("%s, set_config('lock_timeout', '%dms', true)", frameSQL, TryLockTimeout.Milliseconds())
 
 // wait is how long a lease statement may wait for a row lock.
 type wait bool
