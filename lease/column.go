@@ -28,7 +28,11 @@ type ColumnConfig struct {
 	// sessions' TimeZone: every lease statement runs with TimeZone UTC for
 	// its transaction, so sessions in different zones agree. (Values written
 	// in another zone by an older version are misjudged by the offset, once,
-	// until released or expired.) Default "locked_at".
+	// until released or expired.) Any precision from 0 to 6 is safe: a
+	// column that rounds now() (timestamptz(0) rounds to the second) is
+	// judged with half a unit of its precision added to the TTL, read from
+	// the catalog by every statement (see the package documentation).
+	// Default "locked_at".
 	LockedAtColumn string
 	// OwnerColumn is a nullable text or uuid column holding the random token
 	// of the current acquisition. Release and Renew only touch a row whose
@@ -138,12 +142,15 @@ UPDATE {t} SET {at} = NULL, {by} = NULL WHERE {id} = $1 AND {by} = $2`
 	// from the catalog by every statement ($4 is the quoted, qualified
 	// table name, resolved as the statement resolves it; $5 the column
 	// name), so a column altered to another precision is judged by its
-	// current one; one not found there (which the statement itself would
-	// then report) gets the largest pad.
+	// current one. A domain over timestamptz(p) or timestamp(p) is read
+	// through to p; a domain over another domain, and a column not found
+	// (which the statement itself would then report), get the largest pad.
 	columnPadSQL = `coalesce((
 	SELECT CASE WHEN p.typmod BETWEEN 0 AND 5 THEN (5 * 10 ^ (5 - p.typmod))::bigint * interval '1 microsecond'
 		ELSE interval '0' END
-	FROM (SELECT CASE WHEN ty.typtype = 'd' THEN ty.typtypmod ELSE a.atttypmod END AS typmod
+	FROM (SELECT CASE WHEN ty.typtype <> 'd' THEN a.atttypmod WHEN ty.typtypmod >= 0 THEN ty.typtypmod
+			WHEN (SELECT b.typtype FROM pg_catalog.pg_type b WHERE b.oid = ty.typbasetype) = 'd' THEN 0
+			ELSE -1 END AS typmod
 		FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON ty.oid = a.atttypid
 		WHERE a.attrelid = pg_catalog.to_regclass($4) AND a.attname = $5 AND a.attnum > 0 AND NOT a.attisdropped) p
 ), interval '0.5 second')`
@@ -295,8 +302,10 @@ func (l *ColumnLease) Owner() string { return l.owner }
 func (l *ColumnLease) Token() int64 { return l.token }
 
 // Renew restarts the TTL from the database's now(). ctx governs the one
-// statement. It returns ErrLeaseLost if the lease expired, was released or was
-// taken over, ErrNotFound if the row is gone.
+// statement. It matches the row's owner and fence columns against Owner and
+// Token. It returns ErrLeaseLost if the lease expired, was released or was
+// taken over (or, for a resumed lease, if the ColumnRef was edited),
+// ErrNotFound if the row is gone.
 func (l *ColumnLease) Renew(ctx context.Context) error {
 	start := time.Now()
 	err := l.scoped(ctx, "renew", l.c.renewSQL, l.id, l.owner, l.c.ttl, l.c.table, l.c.lockedAt, l.token)

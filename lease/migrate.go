@@ -52,7 +52,7 @@ func (m *Manager) Migrate(ctx context.Context) error {
 // missing: locked-at timestamptz NULL, owner text NULL, fence bigint NOT NULL
 // DEFAULT 0. It first reads the catalog, without locking anything, and
 // returns at once if the three columns exist (whatever their types: a
-// timestamp locked-at column is fine, see ColumnConfig). Otherwise it runs
+// timestamp locked-at column of any precision is fine, see ColumnConfig). Otherwise it runs
 // ALTER TABLE, which only changes the catalog (PostgreSQL 11+) but takes an
 // ACCESS EXCLUSIVE lock on the table for that moment, bounded by
 // MigrateLockTimeout; run it with your other schema migrations, or copy

@@ -42,6 +42,8 @@ func TestOneHolderOnEveryTimestampPrecision(t *testing.T) {
 	for _, typ := range []string{"timestamp(0)", "timestamp(3)", "timestamp", "timestamptz(0)"} {
 		configs = append(configs, config{typ, "Asia/Kathmandu"}) // UTC+05:45
 	}
+	// Domains: "d0" is a domain over timestamptz(0), "dd0" a domain over d0.
+	configs = append(configs, config{"d0", ""}, config{"dd0", ""})
 	for _, cfg := range configs {
 		name := cfg.typ
 		if cfg.tz != "" {
@@ -63,7 +65,14 @@ func TestOneHolderOnEveryTimestampPrecision(t *testing.T) {
 			jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 			ledger := pgx.Identifier{schema, "ledger"}.Sanitize()
 			fn := pgx.Identifier{schema, "log_lease"}.Sanitize()
-			mustExec(t, takerPool, "CREATE TABLE "+jobs+" (id bigint PRIMARY KEY, locked_at "+cfg.typ+", locked_by text, lock_fence bigint NOT NULL DEFAULT 0)")
+			typ := cfg.typ
+			if typ == "d0" || typ == "dd0" {
+				d0, dd0 := pgx.Identifier{schema, "d0"}.Sanitize(), pgx.Identifier{schema, "dd0"}.Sanitize()
+				mustExec(t, takerPool, "CREATE DOMAIN "+d0+" AS timestamptz(0)")
+				mustExec(t, takerPool, "CREATE DOMAIN "+dd0+" AS "+d0)
+				typ = pgx.Identifier{schema, typ}.Sanitize()
+			}
+			mustExec(t, takerPool, "CREATE TABLE "+jobs+" (id bigint PRIMARY KEY, locked_at "+typ+", locked_by text, lock_fence bigint NOT NULL DEFAULT 0)")
 			mustExec(t, takerPool, "INSERT INTO "+jobs+" (id) VALUES (1), (2)")
 			mustExec(t, takerPool, "CREATE TABLE "+ledger+" (seq bigserial PRIMARY KEY, id bigint, fence bigint, kind text, at timestamptz)")
 			mustExec(t, takerPool, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $f$
