@@ -99,7 +99,11 @@ SELECT (SELECT token FROM claimed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
 
 	// A lease past its TTL cannot be renewed even if nobody has taken it:
 	// its holder already stopped trusting it (see Do), and reviving it would
-	// make "expired" mean different things to different parties.
+	// make "expired" mean different things to different parties. "Past its
+	// TTL" is judged exactly as the acquirer judges it, precision pad
+	// included (see columnPadSQL), so renewal and takeover never both
+	// succeed. The fence column must still hold this acquisition's token
+	// ($6): see columnReleaseSQL.
 	columnRenewSQL = `
 WITH renewed AS (
 	UPDATE {t} SET {at} = now()

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	_ "embed" // the manager schema
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
@@ -56,10 +57,43 @@ func (m *Manager) Migrate(ctx context.Context) error {
 // ALTER TABLE, which only changes the catalog (PostgreSQL 11+) but takes an
 // ACCESS EXCLUSIVE lock on the table for that moment, bounded by
 // MigrateLockTimeout; run it with your other schema migrations, or copy
-// ColumnDDL into them instead. ctx governs the whole call.
+// ColumnDDL into them instead. It then checks the locked-at column's type,
+// through any domains: one that is not timestamptz or timestamp (a date
+// column, say, which would truncate now() to the day) is refused with
+// ErrInvalid, naming the type; every precision of those two is safe (see
+// ColumnConfig). ctx governs the whole call.
 func (c *Column) Migrate(ctx context.Context) error {
-	return opError("migrate", "", migrate(ctx, c.pool, c.migrateSQL, columnsExistSQL, c.table, c.columns))
+	if err := migrate(ctx, c.pool, c.migrateSQL, columnsExistSQL, c.table, c.columns); err != nil {
+		return opError("migrate", "", err)
+	}
+	var typ string
+	var ok bool
+	err := c.pool.QueryRow(ctx, lockedAtTypeSQL, c.table, c.lockedAt).Scan(&typ, &ok)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows): // not in pg_attribute: the statements will say so
+		return nil
+	case err != nil:
+		return opError("migrate", "", err)
+	case !ok:
+		return opError("migrate", "", fmt.Errorf("%w: locked-at column %s is %s, not timestamptz or timestamp",
+			ErrInvalid, quote(c.lockedAt), typ))
+	}
+	return nil
 }
+
+// lockedAtTypeSQL resolves the locked-at column's type ($1 qualified table,
+// $2 column) through domains to its base type: its name, and whether it is
+// timestamptz or timestamp.
+const lockedAtTypeSQL = `
+WITH RECURSIVE d(oid, typtype, base) AS (
+	SELECT ty.oid, ty.typtype, ty.typbasetype
+	FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON ty.oid = a.atttypid
+	WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped
+	UNION ALL
+	SELECT b.oid, b.typtype, b.typbasetype FROM pg_catalog.pg_type b JOIN d ON b.oid = d.base WHERE d.typtype = 'd'
+)
+SELECT pg_catalog.format_type(oid, NULL), oid IN ('pg_catalog.timestamptz'::regtype, 'pg_catalog.timestamp'::regtype)
+FROM d WHERE typtype <> 'd'`
 
 // ColumnDDL returns the ALTER TABLE statement Migrate runs, for use in your
 // own migration files.

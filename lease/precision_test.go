@@ -182,3 +182,40 @@ END $f$`)
 		})
 	}
 }
+
+// Issue 21 part 1: Column.Migrate accepted existing lock columns whatever
+// their types. Every precision of timestamptz and timestamp is now safe; a
+// locked-at column of another type (a date truncates now() to the day) is
+// refused with ErrInvalid, through domains too.
+func TestColumnMigrateRefusesNonTimestampLockedAt(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.Pool(t)
+	schema := pgtest.Schema(t, pool)
+	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	mustExec(t, pool, "CREATE DOMAIN "+q("day")+" AS date")
+	mustExec(t, pool, "CREATE DOMAIN "+q("ts2")+" AS timestamp(2)")
+	mustExec(t, pool, "CREATE DOMAIN "+q("ts2b")+" AS "+q("ts2"))
+	for i, c := range []struct {
+		typ string
+		ok  bool
+	}{
+		{"timestamptz(0)", true}, {"timestamp(0)", true}, {"timestamptz", true}, {q("ts2b"), true},
+		{"date", false}, {"text", false}, {"bigint", false}, {q("day"), false},
+	} {
+		table := fmt.Sprintf("t%d", i)
+		mustExec(t, pool, "CREATE TABLE "+q(table)+" (id bigint PRIMARY KEY, locked_at "+c.typ+", locked_by text, lock_fence bigint NOT NULL DEFAULT 0)")
+		col, err := lease.NewColumn(pool, lease.ColumnConfig{Schema: schema, Table: table, TTL: time.Minute})
+		require.NoError(t, err)
+		err = col.Migrate(ctx)
+		if c.ok {
+			assert.NoError(t, err, c.typ)
+		} else {
+			assert.ErrorIs(t, err, lease.ErrInvalid, c.typ)
+		}
+	}
+	// A table without the columns gets them, and passes.
+	mustExec(t, pool, "CREATE TABLE "+q("bare")+" (id bigint PRIMARY KEY)")
+	col, err := lease.NewColumn(pool, lease.ColumnConfig{Schema: schema, Table: "bare", TTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, col.Migrate(ctx))
+}

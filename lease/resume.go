@@ -117,7 +117,10 @@ func (l *ColumnLease) Ref() ColumnRef { return ColumnRef{ID: l.id, Owner: l.owne
 // for an id TryAcquire would refuse, a token below 1 (no acquisition issues
 // one), and an owner that is not an owner token this package issues (a
 // lowercase RFC 4122 UUID, as Owner returns; NUL bytes, invalid UTF-8 and
-// other text included); such an error does not quote the owner.
+// other text included); such an error does not quote the owner. Because
+// Resume cannot check the Ref, use the resumed lease's Token for a fenced
+// write ([Fence.Update]) only after a successful Renew: a forged token is
+// refused there, before it can reach a fence.
 func (c *Column) Resume(ref ColumnRef) (*ColumnLease, error) {
 	if err := checkID(ref.ID); err != nil {
 		return nil, opError("resume", resourceOf(ref.ID), err)
