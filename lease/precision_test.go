@@ -89,13 +89,14 @@ END $f$`)
 			taker, err := lease.NewColumn(takerPool, colCfg)
 			require.NoError(t, err)
 
-			// steer starts the next acquisition early in a database second, so
-			// that precision 0 rounds it down (the unsafe direction).
-			steer := func() {
+			// steer starts the next statement early in a database second (a
+			// fraction between from and to), so that precision 0 rounds it
+			// down (the unsafe direction).
+			steer := func(from, to float64) {
 				for {
 					var frac float64
 					require.NoError(t, takerPool.QueryRow(ctx, "SELECT extract(epoch FROM clock_timestamp())::numeric % 1").Scan(&frac))
-					if frac > 0.05 && frac < 0.3 {
+					if frac > from && frac < to {
 						return
 					}
 					time.Sleep(10 * time.Millisecond)
@@ -116,7 +117,7 @@ END $f$`)
 
 			// Row 1: a holder acquires, renews once, and stops: the takeover
 			// is judged from the renewal.
-			steer()
+			steer(0.05, 0.3)
 			l, err := holder.TryAcquire(ctx, int64(1))
 			require.NoError(t, err)
 			time.Sleep(ttl / 4) // not a synchronisation: only spaces the renewal from the acquisition
@@ -127,8 +128,9 @@ END $f$`)
 			// Row 2: Do with default options, and a callback that keeps the
 			// holder pool's only connection until its context ends, so that no
 			// renewal gets through: the trust window closes, and the callback
-			// must be cancelled before the row can be taken.
-			steer()
+			// must be cancelled before the row can be taken. Rounded down by
+			// more than the margin (80ms), the row could be taken before.
+			steer(0.2, 0.4)
 			var cancelled atomic.Bool
 			doErr := make(chan error, 1)
 			started := make(chan struct{})
