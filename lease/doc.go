@@ -13,8 +13,8 @@
 //
 // A column lease ([Column]) lives in three columns of a row you already have,
 // the "users.identity_action_locked_at" pattern: a nullable timestamptz or
-// timestamp (when locked), the owner token of the current acquisition, and a
-// fencing counter.
+// timestamp of any precision (when locked), the owner token of the current
+// acquisition, and a fencing counter.
 // Acquisition is one statement,
 //
 //	UPDATE users SET locked_at = now(), locked_by = $token, lock_fence = lock_fence + 1
@@ -23,7 +23,8 @@
 // that either changes one row (held) or none: [ErrNotAcquired] when someone
 // else holds a live lease, [ErrNotFound] when no row has that id. (The real
 // statement raises lock_fence + 1 to the server's timeline floor: see
-// "Fencing tokens across a failover".) Two racing
+// "Fencing tokens across a failover"; and subtracts from now() - $ttl half a
+// unit of the locked-at column's precision: see "Time is the database's".) Two racing
 // statements cannot both win: the second waits for the first's row lock, then
 // re-evaluates its WHERE clause against the committed row and matches nothing
 // (see Isolation and time zones below). It waits at most [TryLockTimeout] for
@@ -157,7 +158,8 @@
 // comes back. With synchronous_commit = off, set anywhere (postgresql.conf
 // or ALTER SYSTEM, the database, the role, the DSN, the session), COMMIT
 // would return before the WAL is flushed and a crash would lose it, so the
-// frame raises off to local for the lease transaction. Any other value
+// frame raises off to local for the lease transaction (local waits for
+// the primary's flush, not for synchronous standbys). Any other value
 // (local, remote_write, on, remote_apply) already waits for the local flush
 // and is kept, so synchronous standbys are waited for as
 // synchronous_commit and synchronous_standby_names say; what a failover
