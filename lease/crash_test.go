@@ -164,7 +164,8 @@ func TestCrashedHolderIsTakenOver(t *testing.T) {
 // that had returned: after the restart the next tokens were 7 and 6 where
 // tokens up to 8 had been handed out, and released leases came back as held.
 // On a private cluster, with synchronous_commit = off set at each level in
-// turn (server, database, role, session), the test hands out tokens 1-8 and
+// turn (server, database, role, and for the session a startup parameter,
+// the DSN's options and a SET after connecting), the test hands out tokens 1-8 and
 // releases them, keeps a ninth lease held and a released one, crashes the
 // server (pg_ctl stop -m immediate) at once, restarts it, and checks what
 // survived: every returned acquisition and release, for both forms.
@@ -184,15 +185,26 @@ func TestTokensSurviveServerCrash(t *testing.T) {
 	mustExec(t, a, "ALTER SYSTEM SET wal_writer_delay = '10s'")
 	mustExec(t, a, "SELECT pg_reload_conf()")
 
+	// session: how a pool's sessions get synchronous_commit = off without
+	// the server, database or role saying so.
+	type session int
+	const (
+		none         session = iota
+		startupParam         // pgx RuntimeParams: a startup parameter of the session
+		dsnOptions           // options=-c synchronous_commit=off in the DSN
+		sessionSET           // SET synchronous_commit = off in AfterConnect
+	)
 	levels := []struct {
 		name       string
 		set, reset string
-		session    bool
+		session    session
 	}{
-		{"server", "ALTER SYSTEM SET synchronous_commit = off", "ALTER SYSTEM RESET synchronous_commit", false},
-		{"database", "ALTER DATABASE postgres SET synchronous_commit = off", "ALTER DATABASE postgres RESET synchronous_commit", false},
-		{"role", "ALTER ROLE postgres SET synchronous_commit = off", "ALTER ROLE postgres RESET synchronous_commit", false},
-		{"session", "", "", true},
+		{"server", "ALTER SYSTEM SET synchronous_commit = off", "ALTER SYSTEM RESET synchronous_commit", none},
+		{"database", "ALTER DATABASE postgres SET synchronous_commit = off", "ALTER DATABASE postgres RESET synchronous_commit", none},
+		{"role", "ALTER ROLE postgres SET synchronous_commit = off", "ALTER ROLE postgres RESET synchronous_commit", none},
+		{"session startup parameter", "", "", startupParam},
+		{"dsn options", "", "", dsnOptions},
+		{"session SET", "", "", sessionSET},
 	}
 	for i, lv := range levels {
 		t.Run(lv.name, func(t *testing.T) {
@@ -207,11 +219,21 @@ func TestTokensSurviveServerCrash(t *testing.T) {
 				})
 			}
 			newPool := func() *pgxpool.Pool {
-				cfg, err := pgxpool.ParseConfig(cluster.DSN())
+				dsn := cluster.DSN()
+				if lv.session == dsnOptions {
+					dsn += "&options=-c%20synchronous_commit%3Doff"
+				}
+				cfg, err := pgxpool.ParseConfig(dsn)
 				require.NoError(t, err)
 				cfg.MaxConns = 2
-				if lv.session {
+				switch lv.session {
+				case startupParam:
 					cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+				case sessionSET:
+					cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+						_, err := c.Exec(ctx, "SET synchronous_commit = off")
+						return err
+					}
 				}
 				return pgtest.NewPool(t, cfg)
 			}
