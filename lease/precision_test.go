@@ -221,3 +221,35 @@ func TestColumnMigrateRefusesNonTimestampLockedAt(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, col.Migrate(ctx))
 }
+
+// The column statements, with their precision pad and token match, work in
+// every pgx QueryExecMode, on a timestamptz(0) column with a uuid owner.
+func TestColumnLeaseEveryQueryExecMode(t *testing.T) {
+	ctx := testCtx(t)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cfg := pgtest.Config(t)
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			pool := pgtest.NewPool(t, cfg)
+			schema := pgtest.Schema(t, pool)
+			jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+			mustExec(t, pool, "CREATE TABLE "+jobs+" (id bigint PRIMARY KEY, locked_at timestamptz(0), locked_by uuid, lock_fence bigint NOT NULL DEFAULT 0)")
+			mustExec(t, pool, "INSERT INTO "+jobs+" (id) VALUES (1)")
+			col, err := lease.NewColumn(pool, lease.ColumnConfig{Schema: schema, Table: "jobs", TTL: time.Minute})
+			require.NoError(t, err)
+			require.NoError(t, col.Migrate(ctx))
+			l, err := col.TryAcquire(ctx, int64(1))
+			require.NoError(t, err)
+			_, err = col.TryAcquire(ctx, int64(1))
+			require.ErrorIs(t, err, lease.ErrNotAcquired)
+			require.NoError(t, l.Renew(ctx))
+			forged := l.Ref()
+			forged.Token++
+			fl, err := col.Resume(forged)
+			require.NoError(t, err)
+			require.ErrorIs(t, fl.Renew(ctx), lease.ErrLeaseLost)
+			require.NoError(t, l.Release(ctx))
+		})
+	}
+}
