@@ -114,8 +114,9 @@ func (l *ColumnLease) Ref() ColumnRef { return ColumnRef{ID: l.id, Owner: l.owne
 // match the row's owner and fence columns against the Ref's Owner and
 // Token, so a Ref with any field edited matches nothing (ErrLeaseLost, or
 // ErrNotFound for an id no row has). It returns ErrInvalid, before any SQL,
-// for an id TryAcquire would refuse, a token below 1 (no acquisition issues
-// one), and an owner that is not an owner token this package issues (a
+// for an id TryAcquire would refuse, a token below 1 (what a zero ColumnRef
+// holds; a fence column that starts at 0, as Migrate creates it, never
+// issues one), and an owner that is not an owner token this package issues (a
 // lowercase RFC 4122 UUID, as Owner returns; NUL bytes, invalid UTF-8 and
 // other text included); such an error does not quote the owner. Because
 // Resume cannot check the Ref, use the resumed lease's Token for a fenced
