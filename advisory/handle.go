@@ -106,7 +106,8 @@ func (h *Lock) Done() <-chan struct{} { return h.done }
 
 // Err returns nil while the lock is held; after Done is closed, an error
 // matching ErrLockLost (wrapping what killed the connection) if the lock
-// was lost, or ErrUnlocked after Unlock.
+// was lost, whether the watcher or Unlock found the loss first, or
+// ErrUnlocked after an Unlock that found the lock held.
 func (h *Lock) Err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -117,7 +118,10 @@ func (h *Lock) Err() error {
 // calls return the first call's result. ctx contributes only its values:
 // the unlock runs under a fresh context bounded by Config.CleanupTimeout.
 // It returns nil, or an error matching ErrLockLost if the lock had been
-// lost, or ErrNotHeld if PostgreSQL did not have it any more.
+// lost (the connection was found dead, by the watcher or by this unlock:
+// either way Err then returns the same error and the loss is traced once,
+// with TraceLost and no TraceRelease), or ErrNotHeld if PostgreSQL did
+// not have it any more.
 func (h *Lock) Unlock(ctx context.Context) error {
 	h.mu.Lock()
 	if h.unlocked {
@@ -144,8 +148,11 @@ func (h *Lock) Unlock(ctx context.Context) error {
 	if lost != nil {
 		err = lost // the watcher has destroyed the connection already
 	} else {
+		// The unlock may be first to find the connection dead (the watcher
+		// had not started, or had not read yet): that is the loss, reported
+		// here once (TraceLost, Err) instead of by the watcher.
 		err = h.l.unlockSession(ctx, h.a.c, &h.a.s, h.a.shared)
-		h.a.span.released(err)
+		h.a.span.ended(err)
 		h.l.unpin(h.a.c)
 	}
 
@@ -153,6 +160,9 @@ func (h *Lock) Unlock(ctx context.Context) error {
 	h.unlockErr = err
 	if h.err == nil {
 		h.err = ErrUnlocked
+		if errors.Is(err, ErrLockLost) {
+			h.err = err
+		}
 		close(h.done)
 	}
 	h.mu.Unlock()
