@@ -68,11 +68,13 @@ var (
 
 	// ErrCallbackInTx: a WithLock or WithLockAll callback returned while
 	// its connection was still inside a transaction it began, open or
-	// aborted (after a failed statement). The transaction is not
-	// committed: the connection is destroyed instead of unlocked, which
-	// rolls the transaction back and releases the lock with the session.
-	// A callback that commits or rolls back its own BEGIN does not get it.
-	ErrCallbackInTx = errors.New("advisory: callback left its connection in a transaction (rolled back; connection destroyed, lock released with it)")
+	// aborted (a statement in it failed, SQLSTATE 25P02 for what follows).
+	// Nothing of that transaction is committed: it is rolled back, then
+	// the lock is released as usual (a connection on which the rollback
+	// fails is destroyed, which also releases it). fn's own error, if any,
+	// is joined. A callback that commits or rolls back its own BEGIN does
+	// not get it.
+	ErrCallbackInTx = errors.New("advisory: callback returned inside a transaction (rolled back)")
 )
 
 // LockError is the typed error of every failed call: which operation, on

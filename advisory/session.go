@@ -22,9 +22,8 @@ import (
 // on conn is released with the lock, and any session setting fn changes is
 // reset (RESET ALL, in the unlock's round trip: see pooltx.Conn.Reset). A
 // transaction fn begins must end before fn returns (a COMMIT or ROLLBACK of
-// its own is fine): one left open or aborted is not committed, the
-// connection is destroyed (which releases the lock) and the call returns
-// an error matching ErrCallbackInTx.
+// its own is fine): one left open or aborted is rolled back before the
+// unlock, and the call returns an error matching ErrCallbackInTx.
 //
 // ctx governs the wait for a connection, the wait for the lock and fn. The
 // whole wait is bounded by Options.Timeout, else Config.LockTimeout, and by
@@ -109,20 +108,34 @@ func (l *Locker) withSession(ctx context.Context, a *acquired, ks []keys.Key, op
 	}()
 	fnErr := fn(ctx, a.c.Conn())
 	panicked = false
-	var uerr error
-	if pg := a.c.Conn().PgConn(); !pg.IsClosed() && pg.TxStatus() != 'I' {
-		// fn began a transaction and left it open or aborted: nothing of it
-		// is committed. Destroying the connection rolls it back and ends
-		// the session, which releases the lock.
-		uerr = &LockError{Op: opName(kindUnlock, a.shared), Keys: a.s.all,
-			Err: fmt.Errorf("%w (transaction status %q)", ErrCallbackInTx, pg.TxStatus())}
-		a.c.MarkDirty(uerr)
-	} else {
-		uerr = l.unlockSession(ctx, a.c, &a.s, a.shared)
-	}
+	txErr := l.endLeftTx(ctx, a)
+	uerr := l.unlockSession(ctx, a.c, &a.s, a.shared)
 	a.span.ended(uerr) // a loss found by the unlock is traced as one
 	l.unpin(a.c)
-	return join(fnErr, uerr)
+	return join(fnErr, txErr, uerr)
+}
+
+// endLeftTx rolls back a transaction fn began on the lock's connection and
+// left open or aborted, under a fresh bounded context, and returns an
+// error matching ErrCallbackInTx; nil when fn left none. Session locks
+// survive ROLLBACK, so the unlock that follows still finds the lock (or
+// its loss: a ROLLBACK that fails on a dead connection leaves the unlock
+// to report ErrLockLost).
+func (l *Locker) endLeftTx(ctx context.Context, a *acquired) error {
+	pg := a.c.Conn().PgConn()
+	st := pg.TxStatus()
+	if pg.IsClosed() || st == 'I' {
+		return nil
+	}
+	err := &LockError{Op: opName(kindUnlock, a.shared), Keys: a.s.all,
+		Err: fmt.Errorf("%w (transaction status %q)", ErrCallbackInTx, st)}
+	_, cancel := cleanupBound(ctx, a.c)
+	_, rerr := pg.Exec(context.Background(), "ROLLBACK").ReadAll()
+	cancel()
+	if rerr != nil || pg.TxStatus() != 'I' {
+		a.c.MarkDirty(err) // destroyed after the unlock: that ends the transaction
+	}
+	return err
 }
 
 func sessionOp(try bool) kind {
