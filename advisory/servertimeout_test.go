@@ -16,6 +16,7 @@ import (
 	"github.com/pgxlock/pgxlock/advisory"
 	"github.com/pgxlock/pgxlock/internal/pgtest"
 	"github.com/pgxlock/pgxlock/keys"
+	"github.com/pgxlock/pgxlock/pooltx"
 )
 
 // Issue 20, part 3: every timeout is a sentinel, and the server's own
@@ -278,4 +279,158 @@ func TestCallbackLeavingATransaction(t *testing.T) {
 			require.True(t, p.free(ctx, k, false), "the lock is released")
 		})
 	}
+}
+
+// awaitGone blocks until backend pid has left pg_stat_activity (the server
+// ended the session): an awaited database state, not a sleep.
+func awaitGone(ctx context.Context, t *testing.T, pid uint32) {
+	t.Helper()
+	admin := pgtest.Pool(t)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", int32(pid)).Scan(&n))
+		return n == 0
+	}, time.Minute, 5*time.Millisecond, "backend %d still there", pid)
+}
+
+// lock_timeout set on the role: a call without a bound waits as long as it
+// allows (55P03, ErrLockTimeout); a call with a bound overrides it for its
+// wait; a transaction callback runs with the role's value.
+func TestRoleLockTimeout(t *testing.T) {
+	ctx := testCtx(t)
+	pool := rolePool(t, map[string]string{"lock_timeout": "1ms"})
+	admin := pgtest.Pool(t)
+	k := key(t)
+	hl := hold(ctx, t, false, k)
+	l := newLocker(t, pool, advisory.Config{})
+	// No bound and no deadline (a deadline is a bound: it would override
+	// the role's lock_timeout).
+	unbounded, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	err := l.WithLock(unbounded, k, nil, func(context.Context, *pgx.Conn) error { return nil })
+	require.ErrorIs(t, err, advisory.ErrLockTimeout)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	assert.Equal(t, "55P03", pgErr.Code)
+
+	errc := make(chan error, 1)
+	var inFn string
+	go func() {
+		errc <- l.WithXactLock(ctx, k, &advisory.Options{Timeout: time.Hour}, func(ctx context.Context, tx pgx.Tx) error {
+			return tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&inFn)
+		})
+	}()
+	awaitWaiting(ctx, t, admin, k, 1) // still waiting long past the role's 1ms
+	hl.release()
+	require.NoError(t, <-errc)
+	assert.Equal(t, "1ms", inFn, "the callback runs with the role's lock_timeout")
+
+	// A context deadline is a bound too.
+	hl = hold(ctx, t, false, k)
+	dctx, dcancel := context.WithTimeout(unbounded, time.Hour)
+	defer dcancel()
+	go func() { errc <- l.WithLock(dctx, k, nil, func(context.Context, *pgx.Conn) error { return nil }) }()
+	awaitWaiting(ctx, t, admin, k, 1)
+	hl.release()
+	require.NoError(t, <-errc)
+}
+
+// idle_session_timeout set on the role ends a held Lock's idle session
+// when it is shorter than Config.HeartbeatInterval: the lock is lost
+// (ErrLockLost, one TraceLost). The next call works on a fresh connection.
+func TestIdleSessionTimeoutLosesAHeldLock(t *testing.T) {
+	ctx := testCtx(t)
+	pool := rolePool(t, map[string]string{"idle_session_timeout": "300ms"})
+	rec := &recorder{}
+	l := newLocker(t, pool, advisory.Config{Tracer: rec}) // heartbeat every 5 s
+	k := key(t)
+	h, err := l.Lock(ctx, k, nil)
+	require.NoError(t, err)
+	select {
+	case <-h.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("the idle-session timeout was not seen")
+	}
+	require.ErrorIs(t, h.Err(), advisory.ErrLockLost)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, h.Err(), &pgErr)
+	assert.Equal(t, "57P05", pgErr.Code)
+	require.ErrorIs(t, h.Unlock(ctx), advisory.ErrLockLost)
+	requireOneLoss(t, rec)
+
+	require.NoError(t, l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil }))
+}
+
+// A heartbeat shorter than idle_session_timeout keeps the session busy
+// enough: the lock outlives the timeout.
+func TestHeartbeatKeepsAHeldLockPastIdleSessionTimeout(t *testing.T) {
+	ctx := testCtx(t)
+	pool := rolePool(t, map[string]string{"idle_session_timeout": "3s"})
+	admin := pgtest.Pool(t)
+	l := newLocker(t, pool, advisory.Config{HeartbeatInterval: 100 * time.Millisecond})
+	k := key(t)
+	h, err := l.Lock(ctx, k, nil)
+	require.NoError(t, err)
+	pid := holderPID(ctx, t, admin, k)
+	// Wait, on the server's clock, until the session is older than twice
+	// the timeout.
+	require.Eventually(t, func() bool {
+		var old bool
+		err := admin.QueryRow(ctx, "SELECT coalesce(bool_or(now() - backend_start > '6s'), true) FROM pg_stat_activity WHERE pid = $1", int32(pid)).Scan(&old)
+		require.NoError(t, err)
+		return old
+	}, time.Minute, 50*time.Millisecond)
+	require.NoError(t, h.Err())
+	assert.False(t, newProbe(t).free(ctx, k, false))
+	require.NoError(t, h.Unlock(ctx))
+}
+
+// A WithLock callback that idles past idle_session_timeout loses its
+// session and with it the lock: WithLock returns ErrLockLost, traced once.
+func TestIdleSessionTimeoutDuringWithLock(t *testing.T) {
+	ctx := testCtx(t)
+	pool := rolePool(t, map[string]string{"idle_session_timeout": "300ms"})
+	rec := &recorder{}
+	l := newLocker(t, pool, advisory.Config{Tracer: rec})
+	err := l.WithLock(ctx, key(t), nil, func(ctx context.Context, conn *pgx.Conn) error {
+		awaitGone(ctx, t, conn.PgConn().PID())
+		return nil
+	})
+	require.ErrorIs(t, err, advisory.ErrLockLost)
+	requireOneLoss(t, rec)
+}
+
+// idle_in_transaction_session_timeout set on the role: a WithXactLock
+// callback that idles past it loses the session; the transaction is rolled
+// back and the lock released with it; the call fails with COMMIT's error
+// (pooltx.ErrCommitUnknown, the 25P03 kept). A WithLock callback
+// that idles inside its own BEGIN loses the lock (ErrLockLost, traced once)
+// and gets ErrCallbackInTx.
+func TestIdleInTransactionTimeout(t *testing.T) {
+	ctx := testCtx(t)
+	pool := rolePool(t, map[string]string{"idle_in_transaction_session_timeout": "300ms"})
+	rec := &recorder{}
+	l := newLocker(t, pool, advisory.Config{Tracer: rec})
+	p := newProbe(t)
+	k := key(t)
+	err := l.WithXactLock(ctx, k, nil, func(ctx context.Context, tx pgx.Tx) error {
+		awaitGone(ctx, t, tx.Conn().PgConn().PID())
+		return nil
+	})
+	require.ErrorIs(t, err, pooltx.ErrCommitUnknown)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	assert.Equal(t, "25P03", pgErr.Code)
+	require.True(t, p.free(ctx, k, false))
+
+	rec.reset()
+	err = l.WithLock(ctx, k, nil, func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, "BEGIN")
+		require.NoError(t, err)
+		awaitGone(ctx, t, conn.PgConn().PID())
+		return nil
+	})
+	require.ErrorIs(t, err, advisory.ErrLockLost)
+	require.ErrorIs(t, err, advisory.ErrCallbackInTx)
+	requireOneLoss(t, rec)
 }
