@@ -104,6 +104,13 @@ func TestStatementTimeoutEndsAWaitAsLockTimeout(t *testing.T) {
 	// The connections survive: a free key is taken on them at once.
 	l := newLocker(t, pool, advisory.Config{})
 	require.NoError(t, l.WithLock(ctx, key(t), nil, func(context.Context, *pgx.Conn) error { return nil }))
+
+	// The same from the connection string.
+	cfg := pgtest.Config(t)
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms"
+	l = newLocker(t, pgtest.NewPool(t, cfg), advisory.Config{})
+	requireStatementTimeout(t, l.WithLock(ctx, k1, nil, noop))
+	requireStatementTimeout(t, l.WithXactLock(ctx, k1, nil, noopTx))
 }
 
 // A cancel request is not a timeout: cancelling the context of a wait reads
