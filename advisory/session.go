@@ -46,7 +46,7 @@ import (
 // did, at some moment while fn ran, so another session may have held the
 // key meanwhile; fn's own error, if any, is joined; the tracer gets it as
 // one TraceLost, no TraceRelease), ErrCallbackInTx (fn returned inside a
-// transaction it began: see below) or ErrInvalid. A panic in fn destroys
+// transaction it began: see above) or ErrInvalid. A panic in fn destroys
 // the connection, which releases the lock server-side, and is re-raised.
 func (l *Locker) WithLock(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
 	a, ks := oneKey(key)

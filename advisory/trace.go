@@ -12,7 +12,8 @@ import (
 // Tracing follows pgx: Config.Tracer is an AcquireTracer and may also
 // implement ReleaseTracer and LostTracer, found by type assertion. Use
 // MultiTracer to install several. Tracers are called synchronously on the
-// caller's goroutine (TraceLost on the watcher's) and must be fast and
+// caller's goroutine (TraceLost on the watcher's when the watcher finds
+// the loss, else on the unlocking caller's) and must be fast and
 // safe for concurrent use. Keys in trace data are the call's keys, sorted
 // and de-duplicated; they must not be retained and modified.
 
