@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,6 +50,18 @@ func kill(ctx context.Context, t *testing.T, admin *pgxpool.Pool, pid uint32) {
 	require.True(t, ok)
 }
 
+// lossNS registers the test's namespace once per test binary (-count=N
+// runs the test again; a name registers with one id only).
+func lossNS(t *testing.T) keys.Namespace {
+	lossNSOnce.Do(func() { lossNSValue = keys.MustRegisterNamespace(pgtest.UniqueInt32(t), "loss_metrics_test") })
+	return lossNSValue
+}
+
+var (
+	lossNSOnce  sync.Once
+	lossNSValue keys.Namespace
+)
+
 // TestLostCountedOnceWhoeverSeesIt: pgxlock_lost_total counts each lost
 // lock once, whether the watcher, Lock.Unlock, Hold's unlock or WithLock's
 // unlock saw the loss, and pgxlock_held comes back to 0 (no release is
@@ -60,7 +73,7 @@ func TestLostCountedOnceWhoeverSeesIt(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	require.NoError(t, reg.Register(m))
 	admin := pgtest.Pool(t)
-	ns := keys.MustRegisterNamespace(pgtest.UniqueInt32(t), "loss_metrics_test")
+	ns := lossNS(t)
 	k := ns.Key(1)
 	killer := &killAtGrant{t: t, admin: admin, key: k}
 	l, err := advisory.New(pgtest.Pool(t), advisory.Config{Tracer: advisory.MultiTracer{m, killer}})
