@@ -38,6 +38,7 @@ type Lock struct {
 	stopping  bool
 	unlockErr error
 	unlocked  bool
+	unlockEnd chan struct{} // closed once unlockErr is set
 
 	watchCtx   context.Context // the acquisition's values, never cancelled
 	watchStart *time.Timer     // starts the watcher (see watchDelay)
@@ -92,6 +93,7 @@ func (l *Locker) lock(ctx context.Context, a *acquired, ks []keys.Key, opts *Opt
 		l: l, a: a,
 		done:      make(chan struct{}),
 		watchDone: make(chan struct{}),
+		unlockEnd: make(chan struct{}),
 		watchCtx:  context.WithoutCancel(ctx),
 	}
 	h.watchStart = time.AfterFunc(watchDelay, h.watch)
@@ -115,7 +117,8 @@ func (h *Lock) Err() error {
 }
 
 // Unlock releases the lock and its connection. It is idempotent: later
-// calls return the first call's result. ctx contributes only its values:
+// calls, concurrent ones included, return the first call's result once it
+// is known. ctx contributes only its values:
 // the unlock runs under a fresh context bounded by Config.CleanupTimeout.
 // It returns nil, or an error matching ErrLockLost if the lock had been
 // lost (the connection was found dead, by the watcher or by this unlock:
@@ -125,9 +128,12 @@ func (h *Lock) Err() error {
 func (h *Lock) Unlock(ctx context.Context) error {
 	h.mu.Lock()
 	if h.unlocked {
-		err := h.unlockErr
+		// A concurrent call may still be unlocking: wait for its result.
 		h.mu.Unlock()
-		return err
+		<-h.unlockEnd
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.unlockErr
 	}
 	h.unlocked = true
 	h.stopping = true
@@ -158,6 +164,7 @@ func (h *Lock) Unlock(ctx context.Context) error {
 
 	h.mu.Lock()
 	h.unlockErr = err
+	close(h.unlockEnd)
 	if h.err == nil {
 		h.err = ErrUnlocked
 		if errors.Is(err, ErrLockLost) {

@@ -222,3 +222,26 @@ func TestLossOnceThroughMultiTracer(t *testing.T) {
 	requireOneLoss(t, b)
 	assert.Equal(t, a.snapshot(), b.snapshot())
 }
+
+// Two concurrent Unlocks of a lock lost at the grant both say so: the
+// second waits for the first's result instead of returning early.
+func TestConcurrentUnlocksBothReportTheLoss(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	k := key(t)
+	rec := &killAtGrant{recorder: &recorder{}}
+	rec.kill = func() { killBackend(ctx, t, admin, holderPID(ctx, t, admin, k)) }
+	l := newLocker(t, pgtest.Pool(t), advisory.Config{Tracer: rec})
+	for round := 0; round < 10; round++ {
+		rec.reset()
+		h, err := l.Lock(ctx, k, nil)
+		require.NoError(t, err)
+		errs := make(chan error, 2)
+		for range 2 {
+			go func() { errs <- h.Unlock(ctx) }()
+		}
+		require.ErrorIs(t, <-errs, advisory.ErrLockLost, "round %d", round)
+		require.ErrorIs(t, <-errs, advisory.ErrLockLost, "round %d", round)
+		requireOneLoss(t, rec.recorder)
+	}
+}
