@@ -98,6 +98,10 @@
 // call returns [ErrLockTimeout] (together with context.DeadlineExceeded
 // when the deadline caused it).
 //
+// A bound longer than PostgreSQL's maximum lock_timeout, 2147483647 ms
+// (about 24.8 days), is cut to it; a longer wait ends there with
+// [ErrLockTimeout].
+//
 // An explicit cancellation during the wait sends PostgreSQL a cancel
 // request, which ends the wait server-side (57014) and keeps the
 // connection. A call whose context ends after it got its connection but
@@ -120,6 +124,32 @@
 // order), and a shared multi-key call not at all, so a call never waits in
 // process for a key PostgreSQL would grant it. The timeout bounds the whole
 // wait, queue included.
+//
+// # Server timeouts
+//
+// Timeouts set for the role or in the connection string apply to the
+// library's statements as to any other:
+//
+//   - lock_timeout: a call with no bound and no context deadline waits as
+//     long as it allows, then fails with [ErrLockTimeout] (55P03). Any bound,
+//     a context deadline included, replaces it for the wait only; a
+//     transaction callback runs with it.
+//   - statement_timeout ends a lock wait that outlasts it, whatever the
+//     call's bound, in every blocking form: [ErrLockTimeout], with the
+//     57014 "canceling statement due to statement timeout" kept in the
+//     chain. A 57014 from a cancel request (the library's, when the context
+//     is cancelled: the context's error; or another session's
+//     pg_cancel_backend) is not a timeout.
+//   - idle_session_timeout ends a held [Lock]'s idle session if it is
+//     shorter than Config.HeartbeatInterval (each heartbeat ping is
+//     activity): the lock is lost ([ErrLockLost], 57P05). Keep
+//     HeartbeatInterval below it. A WithLock callback that idles past it
+//     loses the lock the same way ([ErrLockLost]).
+//   - idle_in_transaction_session_timeout: a WithXactLock callback that
+//     idles past it loses its session; the transaction is rolled back, the
+//     lock goes with it, and the call fails with COMMIT's error
+//     (pooltx.ErrCommitUnknown, the 25P03 kept). A WithLock callback that
+//     idles inside its own BEGIN gets [ErrLockLost] and [ErrCallbackInTx].
 //
 // # Deadlocks
 //
@@ -152,7 +182,8 @@
 //
 // Every failure is a [*LockError] naming the operation and keys; it matches
 // the sentinels ([ErrNotAcquired], [ErrLockTimeout], [ErrNoConnection],
-// [ErrDeadlock], [ErrTooManyLocks], [ErrNotHeld], [ErrInvalid]) with
+// [ErrDeadlock], [ErrTooManyLocks], [ErrNotHeld], [ErrLockLost],
+// [ErrCallbackInTx], [ErrInvalid]) with
 // errors.Is and keeps
 // the *pgconn.PgError and, when the context ended, the context's error in
 // its chain. A callback's own error is returned unchanged. Only a wait for
@@ -173,7 +204,11 @@
 // bounded ping every Config.HeartbeatInterval catches a frozen server or a
 // silent partition within HeartbeatInterval + HeartbeatTimeout. The loss
 // closes Done, cancels Hold's context with cause [ErrLockLost], is logged
-// and traced, and destroys the connection. Work whose correctness needs
+// and traced, and destroys the connection. A loss that an unlock finds
+// first (Lock.Unlock, Hold or WithLock finding the connection dead) is
+// reported the same way: the error and Lock.Err match [ErrLockLost], and
+// the tracer gets one TraceLost (no TraceRelease), so each lost lock is
+// counted once. Work whose correctness needs
 // more than "stop soon" should also carry a fencing token (see package
 // lease).
 //

@@ -23,8 +23,12 @@ var (
 
 	// ErrLockTimeout: a blocking call gave up waiting for a lock (in the
 	// Locker's local queue or on the server), because of the configured or
-	// per-call timeout (SQLSTATE 55P03) or the context's deadline. Nothing
-	// is held, and a connection that waited on the server was kept.
+	// per-call timeout (SQLSTATE 55P03), the context's deadline, or the
+	// server's statement_timeout ending the lock statement (SQLSTATE 57014
+	// with the message "canceling statement due to statement timeout"; a
+	// cancel request sent because the caller's context was cancelled is
+	// not a timeout: it reads as the context's error). Nothing is held, and
+	// a connection that waited on the server was kept.
 	ErrLockTimeout = errors.New("advisory: lock timeout")
 
 	// ErrDeadlock: PostgreSQL chose this call as the victim of a deadlock
@@ -61,6 +65,16 @@ var (
 	// connection could not be had in time. OutcomeOf reports it as
 	// OutcomeNoConnection unless the context was cancelled.
 	ErrNoConnection = errors.New("advisory: no connection")
+
+	// ErrCallbackInTx: a WithLock or WithLockAll callback returned while
+	// its connection was still inside a transaction it began, open or
+	// aborted (a statement in it failed, SQLSTATE 25P02 for what follows).
+	// Nothing of that transaction is committed: it is rolled back, then
+	// the lock is released as usual (a connection on which the rollback
+	// fails is destroyed, which also releases it). fn's own error, if any,
+	// is joined. A callback that commits or rolls back its own BEGIN does
+	// not get it.
+	ErrCallbackInTx = errors.New("advisory: callback returned inside a transaction (rolled back)")
 )
 
 // LockError is the typed error of every failed call: which operation, on
@@ -114,6 +128,17 @@ const (
 	codeQueryCanceled    = "57014"
 )
 
+// statementTimeoutMsg is what PostgreSQL says (lc_messages in English)
+// when statement_timeout, not a cancel request, ends a statement; both are
+// SQLSTATE 57014. A cancel request reads "canceling statement due to user
+// request".
+const statementTimeoutMsg = "canceling statement due to statement timeout"
+
+// isStatementTimeout reports a 57014 raised by statement_timeout.
+func isStatementTimeout(pgErr *pgconn.PgError) bool {
+	return pgErr.Code == codeQueryCanceled && strings.Contains(pgErr.Message, statementTimeoutMsg)
+}
+
 // classify maps err from a lock statement to the package's sentinels,
 // keeping err itself, and the context's error when ctx has ended, in the
 // chain.
@@ -131,6 +156,14 @@ func classify(ctx context.Context, err error) error {
 			sentinel = ErrDeadlock
 		case codeOutOfMemory:
 			sentinel = ErrTooManyLocks
+		case codeQueryCanceled:
+			// statement_timeout (role, database, DSN) ended the wait: a lock
+			// timeout to the caller. A cancel request (ours, sent because ctx
+			// was cancelled, or another session's pg_cancel_backend) gets no
+			// sentinel: ctx's error, appended below, says what happened.
+			if isStatementTimeout(pgErr) {
+				sentinel = ErrLockTimeout
+			}
 		}
 	}
 	ctxErr := ctx.Err()

@@ -38,6 +38,7 @@ type Lock struct {
 	stopping  bool
 	unlockErr error
 	unlocked  bool
+	unlockEnd chan struct{} // closed once unlockErr is set
 
 	watchCtx   context.Context // the acquisition's values, never cancelled
 	watchStart *time.Timer     // starts the watcher (see watchDelay)
@@ -92,6 +93,7 @@ func (l *Locker) lock(ctx context.Context, a *acquired, ks []keys.Key, opts *Opt
 		l: l, a: a,
 		done:      make(chan struct{}),
 		watchDone: make(chan struct{}),
+		unlockEnd: make(chan struct{}),
 		watchCtx:  context.WithoutCancel(ctx),
 	}
 	h.watchStart = time.AfterFunc(watchDelay, h.watch)
@@ -106,7 +108,8 @@ func (h *Lock) Done() <-chan struct{} { return h.done }
 
 // Err returns nil while the lock is held; after Done is closed, an error
 // matching ErrLockLost (wrapping what killed the connection) if the lock
-// was lost, or ErrUnlocked after Unlock.
+// was lost, whether the watcher or Unlock found the loss first, or
+// ErrUnlocked after an Unlock that found the lock held.
 func (h *Lock) Err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -114,16 +117,23 @@ func (h *Lock) Err() error {
 }
 
 // Unlock releases the lock and its connection. It is idempotent: later
-// calls return the first call's result. ctx contributes only its values:
+// calls, concurrent ones included, return the first call's result once it
+// is known. ctx contributes only its values:
 // the unlock runs under a fresh context bounded by Config.CleanupTimeout.
 // It returns nil, or an error matching ErrLockLost if the lock had been
-// lost, or ErrNotHeld if PostgreSQL did not have it any more.
+// lost (the connection was found dead, by the watcher or by this unlock:
+// either way Err then returns the same error and the loss is traced once,
+// with TraceLost and no TraceRelease), or ErrNotHeld if PostgreSQL did
+// not have it any more.
 func (h *Lock) Unlock(ctx context.Context) error {
 	h.mu.Lock()
 	if h.unlocked {
-		err := h.unlockErr
+		// A concurrent call may still be unlocking: wait for its result.
 		h.mu.Unlock()
-		return err
+		<-h.unlockEnd
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.unlockErr
 	}
 	h.unlocked = true
 	h.stopping = true
@@ -144,15 +154,22 @@ func (h *Lock) Unlock(ctx context.Context) error {
 	if lost != nil {
 		err = lost // the watcher has destroyed the connection already
 	} else {
+		// The unlock may be first to find the connection dead (the watcher
+		// had not started, or had not read yet): that is the loss, reported
+		// here once (TraceLost, Err) instead of by the watcher.
 		err = h.l.unlockSession(ctx, h.a.c, &h.a.s, h.a.shared)
-		h.a.span.released(err)
+		h.a.span.ended(err)
 		h.l.unpin(h.a.c)
 	}
 
 	h.mu.Lock()
 	h.unlockErr = err
+	close(h.unlockEnd)
 	if h.err == nil {
 		h.err = ErrUnlocked
+		if errors.Is(err, ErrLockLost) {
+			h.err = err
+		}
 		close(h.done)
 	}
 	h.mu.Unlock()

@@ -20,8 +20,10 @@ import (
 // fn may use conn, the connection that holds the lock; it must not close
 // it or keep it after returning. Any session-level advisory lock fn leaves
 // on conn is released with the lock, and any session setting fn changes is
-// reset (RESET ALL, in the unlock's round trip: see pooltx.Conn.Reset); a
-// transaction fn leaves open destroys the connection.
+// reset (RESET ALL, in the unlock's round trip: see pooltx.Conn.Reset). A
+// transaction fn begins must end before fn returns (a COMMIT or ROLLBACK of
+// its own is fine): one left open or aborted is rolled back before the
+// unlock, and the call returns an error matching ErrCallbackInTx.
 //
 // ctx governs the wait for a connection, the wait for the lock and fn. The
 // whole wait is bounded by Options.Timeout, else Config.LockTimeout, and by
@@ -42,7 +44,9 @@ import (
 // connection is destroyed), ErrLockLost (the unlock found the connection
 // closed: the server ended the session, died or failed over, or the network
 // did, at some moment while fn ran, so another session may have held the
-// key meanwhile; fn's own error, if any, is joined) or ErrInvalid. A panic in fn destroys
+// key meanwhile; fn's own error, if any, is joined; the tracer gets it as
+// one TraceLost, no TraceRelease), ErrCallbackInTx (fn returned inside a
+// transaction it began: see above) or ErrInvalid. A panic in fn destroys
 // the connection, which releases the lock server-side, and is re-raised.
 func (l *Locker) WithLock(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
 	a, ks := oneKey(key)
@@ -104,10 +108,34 @@ func (l *Locker) withSession(ctx context.Context, a *acquired, ks []keys.Key, op
 	}()
 	fnErr := fn(ctx, a.c.Conn())
 	panicked = false
+	txErr := l.endLeftTx(ctx, a)
 	uerr := l.unlockSession(ctx, a.c, &a.s, a.shared)
-	a.span.released(uerr)
+	a.span.ended(uerr) // a loss found by the unlock is traced as one
 	l.unpin(a.c)
-	return join(fnErr, uerr)
+	return join(fnErr, txErr, uerr)
+}
+
+// endLeftTx rolls back a transaction fn began on the lock's connection and
+// left open or aborted, under a fresh bounded context, and returns an
+// error matching ErrCallbackInTx; nil when fn left none. Session locks
+// survive ROLLBACK, so the unlock that follows still finds the lock (or
+// its loss: a ROLLBACK that fails on a dead connection leaves the unlock
+// to report ErrLockLost).
+func (l *Locker) endLeftTx(ctx context.Context, a *acquired) error {
+	pg := a.c.Conn().PgConn()
+	st := pg.TxStatus()
+	if pg.IsClosed() || st == 'I' {
+		return nil
+	}
+	err := &LockError{Op: opName(kindUnlock, a.shared), Keys: a.s.all,
+		Err: fmt.Errorf("%w (transaction status %q)", ErrCallbackInTx, st)}
+	_, cancel := cleanupBound(ctx, a.c)
+	_, rerr := pg.Exec(context.Background(), "ROLLBACK").ReadAll()
+	cancel()
+	if rerr != nil || pg.TxStatus() != 'I' {
+		a.c.MarkDirty(err) // destroyed after the unlock: that ends the transaction
+	}
+	return err
 }
 
 func sessionOp(try bool) kind {

@@ -276,8 +276,18 @@ func formatTimeout(d time.Duration) string {
 	return strconv.FormatInt(boundMillis(d), 10) + "ms"
 }
 
-// boundMillis is d in whole milliseconds, rounded up, at least 1.
+// maxLockTimeoutMillis is the largest lock_timeout PostgreSQL accepts
+// (INT_MAX ms, about 24.8 days); a larger value fails the statement with
+// 22023, and 0 would mean no timeout at all.
+const maxLockTimeoutMillis = 1<<31 - 1
+
+// boundMillis is d in whole milliseconds, rounded up, at least 1 and at
+// most maxLockTimeoutMillis: a bound longer than PostgreSQL's maximum is
+// cut to it.
 func boundMillis(d time.Duration) int64 {
+	if d >= maxLockTimeoutMillis*time.Millisecond {
+		return maxLockTimeoutMillis
+	}
 	ms := (d + time.Millisecond - 1) / time.Millisecond
 	if ms < 1 {
 		ms = 1

@@ -12,7 +12,8 @@ import (
 // Tracing follows pgx: Config.Tracer is an AcquireTracer and may also
 // implement ReleaseTracer and LostTracer, found by type assertion. Use
 // MultiTracer to install several. Tracers are called synchronously on the
-// caller's goroutine (TraceLost on the watcher's) and must be fast and
+// caller's goroutine (TraceLost on the watcher's when the watcher finds
+// the loss, else on the unlocking caller's) and must be fast and
 // safe for concurrent use. Keys in trace data are the call's keys, sorted
 // and de-duplicated; they must not be retained and modified.
 
@@ -86,7 +87,10 @@ type TraceReleaseData struct {
 	Err    error // a failed unlock (ErrNotHeld, ...) or nil
 }
 
-// TraceLostData describes a held session lock whose connection died.
+// TraceLostData describes a held session lock whose connection died. It is
+// sent once per lost lock, by whichever sees the loss first: the watcher of
+// a Lock or Hold, or the unlock of Lock.Unlock, Hold, WithLock or
+// WithLockAll. A lost lock gets no TraceRelease.
 type TraceLostData struct {
 	Keys   []keys.Key
 	Shared bool
@@ -210,6 +214,18 @@ func (s *span) released(err error) {
 		}
 		s.l.log.Log(s.ctx, level, "advisory lock release", attrs...)
 	}
+}
+
+// ended reports the end of a held session lock by its unlock, whose error
+// is err: a loss (err matches ErrLockLost: the unlock found the connection
+// dead) goes to TraceLost, anything else to TraceRelease. Each held lock
+// ends exactly once, by ended or by lost.
+func (s *span) ended(err error) {
+	if errors.Is(err, ErrLockLost) {
+		s.lost(err)
+		return
+	}
+	s.released(err)
 }
 
 func (s *span) lost(err error) {
