@@ -123,9 +123,25 @@ type Options struct {
 	// for a connection, for at most Config.LockTimeout, else
 	// DefaultTryConnWait.
 	Timeout time.Duration
+
+	// TxOptions are passed to BEGIN by the calls that begin a transaction
+	// of their own (WithXactLock, TryWithXactLock, WithXactLockAll,
+	// TryWithXactLockAll), as pgx.Conn.BeginTx takes them: isolation
+	// level, access mode, deferrable mode, or a BeginQuery that replaces
+	// BEGIN. BEGIN still shares its round trip with the lock. CommitQuery
+	// is ignored: COMMIT shares its round trip with the session's reset.
+	// Other calls ignore TxOptions.
+	TxOptions pgx.TxOptions
 }
 
 func (o *Options) shared() bool { return o != nil && o.Shared }
+
+func (o *Options) txOptions() pgx.TxOptions {
+	if o == nil {
+		return pgx.TxOptions{}
+	}
+	return o.TxOptions
+}
 
 // Locker takes PostgreSQL advisory locks through a pgx pool. It is safe for
 // concurrent use. Every session-scope call pins one pooled connection for

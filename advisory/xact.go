@@ -118,7 +118,7 @@ func (l *Locker) withXact(ctx context.Context, call *xactCall, ks []keys.Key, op
 		if retried {
 			w = &serverWait{} // a serverWait is used once
 		}
-		*x = xactAttempt{l: l, ctx: ctx, wctx: wctx, c: c, t: t, s: s, op: op, shared: shared, try: try, sp: sp, w: w, txOpts: &call.opts}
+		*x = xactAttempt{l: l, ctx: ctx, wctx: wctx, c: c, t: t, s: s, op: op, shared: shared, try: try, sp: sp, w: w, txOpts: &call.opts, tx: opts.txOptions()}
 		err = x.run(fn)
 		if x.inFn {
 			sp.released(nil)
@@ -155,6 +155,7 @@ type xactAttempt struct {
 	w         *serverWait       // zero: the attempt's lock wait
 	txOpts    *pooltx.TxOptions // zero: filled by run
 	inFn      bool              // fn was called: the lock was acquired
+	tx        pgx.TxOptions     // for BEGIN (Options.TxOptions)
 
 	// Filled by run for preamble.
 	timeout string
@@ -213,7 +214,7 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 		}
 	}
 	txOpts := x.txOpts
-	*txOpts = pooltx.TxOptions{PreambleContext: w.ctx, Preamble: x.preamble}
+	*txOpts = pooltx.TxOptions{Tx: x.tx, PreambleContext: w.ctx, Preamble: x.preamble}
 
 	returned := false
 	defer func() {

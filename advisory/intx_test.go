@@ -1,0 +1,379 @@
+package advisory_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlock/pgxlock/advisory"
+	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/keys"
+)
+
+var errReadOnly = errors.New("read only")
+
+var allExecModes = []pgx.QueryExecMode{
+	pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+	pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol,
+}
+
+// serializableConfig is a pool of one connection in exec mode mode whose
+// transactions default to serializable (set in the connection's runtime
+// parameters, as a DSN would).
+func serializableConfig(t testing.TB, mode pgx.QueryExecMode) *pgxpool.Config {
+	cfg := pgtest.Config(t)
+	cfg.ConnConfig.DefaultQueryExecMode = mode
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
+	cfg.MaxConns = 1
+	return cfg
+}
+
+func show(ctx context.Context, t testing.TB, tx pgx.Tx, name string) string {
+	t.Helper()
+	var v string
+	require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('"+name+"')").Scan(&v))
+	return v
+}
+
+// usable asserts that tx still runs statements, with its own lock_timeout.
+func usable(ctx context.Context, t testing.TB, tx pgx.Tx, lockTimeout string) {
+	t.Helper()
+	var one int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT 1").Scan(&one), "the transaction must still be usable")
+	assert.Equal(t, lockTimeout, show(ctx, t, tx, "lock_timeout"), "the transaction's own lock_timeout must be as it was")
+}
+
+// Every in-tx form in every exec mode, on a pool of one connection whose
+// transactions default to serializable: the keys are held by the caller's
+// transaction (seen from another session) until it commits; a timeout, a
+// busy key or a busy multi-key set leaves nothing of the call held and the
+// transaction usable with its own lock_timeout, which the call never changes.
+func TestLockInTxAcrossExecModes(t *testing.T) {
+	for _, mode := range allExecModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			pool := pgtest.NewPool(t, serializableConfig(t, mode))
+			l := newLocker(t, pool, advisory.Config{})
+			p := newProbe(t)
+			k1, k2, k3, k4, k5 := key(t), keys.Pair(pgtest.UniqueInt32(t), pgtest.UniqueInt32(t)), key(t), key(t), key(t)
+			h := hold(ctx, t, false, k3)
+			hold(ctx, t, true, k5)
+
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(context.WithoutCancel(ctx))
+			assert.Equal(t, "serializable", show(ctx, t, tx, "transaction_isolation"))
+			_, err = tx.Exec(ctx, "SET LOCAL lock_timeout = '7s'")
+			require.NoError(t, err)
+
+			// Bounded, several keys (both key spaces, a duplicate).
+			require.NoError(t, l.LockAllInTx(ctx, tx, []keys.Key{k2, k1, k1}, &advisory.Options{Timeout: 10 * time.Second}))
+			assert.False(t, p.free(ctx, k1, false), "held by the caller's transaction")
+			assert.False(t, p.free(ctx, k2, true))
+			usable(ctx, t, tx, "7s")
+
+			// Unbounded, one key; shared over a shared holder.
+			require.NoError(t, l.LockInTx(ctx, tx, k4, &advisory.Options{Timeout: -1}))
+			require.NoError(t, l.TryLockInTx(ctx, tx, k5, &advisory.Options{Shared: true}))
+			assert.True(t, p.free(ctx, k5, true), "shared")
+			assert.False(t, p.free(ctx, k5, false))
+
+			// A timeout, one key and several.
+			err = l.LockInTx(ctx, tx, k3, &advisory.Options{Timeout: 50 * time.Millisecond})
+			require.ErrorIs(t, err, advisory.ErrLockTimeout)
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr)
+			assert.Equal(t, "55P03", pgErr.Code)
+			assert.NotErrorIs(t, err, advisory.ErrTxAborted)
+			usable(ctx, t, tx, "7s")
+			k6 := key(t)
+			err = l.LockAllInTx(ctx, tx, []keys.Key{k6, k3}, &advisory.Options{Timeout: 50 * time.Millisecond})
+			require.ErrorIs(t, err, advisory.ErrLockTimeout)
+			assert.True(t, p.free(ctx, k6, false), "the key taken before the timeout was released")
+			usable(ctx, t, tx, "7s")
+
+			// Busy: one key, several.
+			err = l.TryLockInTx(ctx, tx, k3, nil)
+			require.ErrorIs(t, err, advisory.ErrNotAcquired)
+			usable(ctx, t, tx, "7s")
+			err = l.TryLockAllInTx(ctx, tx, []keys.Key{k6, k3}, nil)
+			require.ErrorIs(t, err, advisory.ErrNotAcquired)
+			assert.NotErrorAs(t, err, &pgErr, "the busy signal is not a PostgreSQL error of the caller's")
+			assert.True(t, p.free(ctx, k6, false), "all or nothing")
+			usable(ctx, t, tx, "7s")
+			require.NoError(t, l.TryLockAllInTx(ctx, tx, []keys.Key{k6, key(t)}, nil))
+			assert.False(t, p.free(ctx, k6, false))
+
+			// Everything held so far stays held after the failures.
+			assert.False(t, p.free(ctx, k1, false))
+			assert.False(t, p.free(ctx, k4, false))
+
+			// The transaction's writes and its locks end together.
+			require.NoError(t, tx.Commit(ctx))
+			for _, k := range []keys.Key{k1, k2, k4, k6} { // k5 stays held shared by its holder
+				assert.True(t, p.free(ctx, k, false), "released at COMMIT: %v", k)
+			}
+			h.release()
+			assert.Equal(t, []string{"0"}, showLockTimeouts(ctx, t, pool), "nothing reached the pool's connection")
+		})
+	}
+}
+
+// The same on a single pgx.Conn, and in nested pgx transactions
+// (savepoints): a lock taken in a nested transaction that commits (RELEASE
+// SAVEPOINT) stays with the outer one; one taken in a nested transaction
+// that rolls back goes with it; a failed call inside a nested transaction
+// leaves that nested transaction usable.
+func TestLockInTxSingleConnAndNestedTx(t *testing.T) {
+	ctx := testCtx(t)
+	cfg := serializableConfig(t, pgx.QueryExecModeCacheStatement)
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	require.NoError(t, err)
+	defer conn.Close(context.WithoutCancel(ctx))
+	l := newLocker(t, pgtest.Pool(t), advisory.Config{LockTimeout: 10 * time.Second})
+	p := newProbe(t)
+	kept, dropped, busy := key(t), key(t), key(t)
+	hold(ctx, t, false, busy)
+
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(context.WithoutCancel(ctx))
+
+	inner, err := tx.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, l.LockInTx(ctx, inner, kept, nil))
+	require.NoError(t, inner.Commit(ctx))
+	assert.False(t, p.free(ctx, kept, false), "a released savepoint's lock belongs to the outer transaction")
+
+	inner, err = tx.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, l.LockAllInTx(ctx, inner, []keys.Key{dropped}, nil))
+	err = l.LockInTx(ctx, inner, busy, &advisory.Options{Timeout: 50 * time.Millisecond})
+	require.ErrorIs(t, err, advisory.ErrLockTimeout)
+	usable(ctx, t, inner, "0")
+	assert.False(t, p.free(ctx, dropped, false), "a failed call keeps what the nested transaction held")
+	require.NoError(t, inner.Rollback(ctx))
+	assert.True(t, p.free(ctx, dropped, false), "rolled back with its savepoint")
+	assert.False(t, p.free(ctx, kept, false))
+
+	require.NoError(t, tx.Commit(ctx))
+	assert.True(t, p.free(ctx, kept, false))
+}
+
+// A transaction lock is re-entrant in its own session: the caller's
+// transaction may take a key its own session already holds, and another
+// session still cannot.
+func TestLockInTxReentrantInItsSession(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.NewPool(t, serializableConfig(t, pgx.QueryExecModeExec))
+	l := newLocker(t, pool, advisory.Config{})
+	p := newProbe(t)
+	k := key(t)
+	require.NoError(t, pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		require.NoError(t, l.LockInTx(ctx, tx, k, nil))
+		require.NoError(t, l.TryLockInTx(ctx, tx, k, nil), "re-entrant in its own session")
+		assert.False(t, p.free(ctx, k, false), "excludes another session")
+		return nil
+	}))
+	assert.True(t, p.free(ctx, k, false))
+}
+
+// A transaction that cannot take a lock is refused with a clear error and
+// no panic: nil, committed, rolled back, ended by its own SQL, aborted, or
+// on a closed connection.
+func TestLockInTxRefusesWhatIsNotATransaction(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.NewPool(t, serializableConfig(t, pgx.QueryExecModeCacheStatement))
+	l := newLocker(t, pool, advisory.Config{})
+	k := key(t)
+
+	err := l.LockInTx(ctx, nil, k, nil)
+	require.ErrorIs(t, err, advisory.ErrInvalid)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.ErrorIs(t, l.LockInTx(ctx, tx, keys.Key{}, nil), advisory.ErrInvalid)
+	require.NoError(t, tx.Commit(ctx))
+	for _, try := range []bool{false, true} {
+		err = lockInTx(ctx, l, tx, k, try)
+		require.ErrorIs(t, err, advisory.ErrInvalid, "committed")
+		var le *advisory.LockError
+		require.ErrorAs(t, err, &le)
+	}
+
+	// Ended by its own SQL: the pgx.Tx is open, the connection is not in
+	// a transaction. A try-lock there would be taken and dropped at once.
+	tx, err = pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "COMMIT")
+	require.NoError(t, err)
+	require.ErrorIs(t, l.TryLockInTx(ctx, tx, k, nil), advisory.ErrInvalid)
+	require.ErrorIs(t, l.LockAllInTx(ctx, tx, []keys.Key{k, key(t)}, nil), advisory.ErrInvalid)
+	_ = tx.Rollback(ctx)
+
+	// Aborted by an earlier error.
+	tx, err = pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SELECT 1/0")
+	require.Error(t, err)
+	err = l.LockInTx(ctx, tx, k, nil)
+	require.ErrorIs(t, err, advisory.ErrTxAborted)
+	require.NoError(t, tx.Rollback(ctx))
+
+	// A committed transaction whose connection has begun another one: pgx
+	// refuses the closed pgx.Tx.
+	c, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	old, err := c.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, old.Commit(ctx))
+	cur, err := c.Begin(ctx)
+	require.NoError(t, err)
+	err = l.LockInTx(ctx, old, k, nil)
+	require.ErrorIs(t, err, advisory.ErrInvalid)
+	require.ErrorIs(t, err, pgx.ErrTxClosed)
+	require.NoError(t, cur.Rollback(ctx))
+	c.Release()
+
+	// A closed connection.
+	conn, err := pgx.ConnectConfig(ctx, pgtest.Config(t).ConnConfig)
+	require.NoError(t, err)
+	tx, err = conn.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(ctx))
+	require.ErrorIs(t, l.LockInTx(ctx, tx, k, nil), advisory.ErrTxAborted)
+}
+
+func lockInTx(ctx context.Context, l *advisory.Locker, tx pgx.Tx, k keys.Key, try bool) error {
+	if try {
+		return l.TryLockInTx(ctx, tx, k, nil)
+	}
+	return l.LockInTx(ctx, tx, k, nil)
+}
+
+// A cancelled wait ends with the context's error; a deadline becomes the
+// server's lock_timeout (ErrLockTimeout with DeadlineExceeded). Either way
+// the caller's transaction is usable, with its own lock_timeout, its
+// connection is kept, and the key is not held.
+func TestLockInTxCancelAndDeadline(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.NewPool(t, serializableConfig(t, pgx.QueryExecModeCacheDescribe))
+	l := newLocker(t, pool, advisory.Config{})
+	p := newProbe(t)
+	k := key(t)
+	h := hold(ctx, t, false, k)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	_, err = tx.Exec(ctx, "SET LOCAL lock_timeout = '1h'")
+	require.NoError(t, err)
+	pid := tx.Conn().PgConn().PID()
+
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- l.LockInTx(cctx, tx, k, nil) }()
+	awaitWaiting(ctx, t, p.pool, k, 1)
+	cancel()
+	err = <-done
+	require.ErrorIs(t, err, context.Canceled)
+	assert.NotErrorIs(t, err, advisory.ErrTxAborted)
+	usable(ctx, t, tx, "1h")
+
+	dctx, dcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer dcancel()
+	err = l.LockInTx(dctx, tx, k, nil)
+	require.ErrorIs(t, err, advisory.ErrLockTimeout)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	usable(ctx, t, tx, "1h")
+	assert.Equal(t, pid, tx.Conn().PgConn().PID())
+
+	// An ended context sends nothing.
+	err = l.LockInTx(cctx, tx, k, nil)
+	require.ErrorIs(t, err, context.Canceled)
+	err = l.TryLockInTx(cctx, tx, k, nil)
+	require.ErrorIs(t, err, context.Canceled)
+	usable(ctx, t, tx, "1h")
+
+	h.release()
+	require.NoError(t, l.LockInTx(ctx, tx, k, &advisory.Options{Timeout: time.Minute}))
+	assert.False(t, p.free(ctx, k, false))
+	require.NoError(t, tx.Commit(ctx))
+}
+
+// A bound past PostgreSQL's largest lock_timeout (2^31-1 ms) is clamped:
+// the call succeeds instead of failing with 22023.
+func TestLockInTxHugeTimeoutIsClamped(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.NewPool(t, serializableConfig(t, pgx.QueryExecModeExec))
+	l := newLocker(t, pool, advisory.Config{LockTimeout: 1000 * time.Hour})
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		require.NoError(t, l.LockInTx(ctx, tx, key(t), nil))
+		require.NoError(t, l.LockAllInTx(ctx, tx, []keys.Key{key(t), key(t)}, &advisory.Options{Timeout: 10000 * time.Hour}))
+		usable(ctx, t, tx, "0")
+		return nil
+	}))
+}
+
+// In-tx calls are traced as the other transaction-scope calls: a start and
+// an end with ScopeXact and the outcome, no release.
+func TestLockInTxTraced(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.NewPool(t, serializableConfig(t, pgx.QueryExecModeExec))
+	rec := &recorder{}
+	l := newLocker(t, pool, advisory.Config{Tracer: rec})
+	k, busy := key(t), key(t)
+	hold(ctx, t, false, busy)
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		require.NoError(t, l.LockAllInTx(ctx, tx, []keys.Key{k, k}, nil))
+		require.ErrorIs(t, l.TryLockInTx(ctx, tx, busy, nil), advisory.ErrNotAcquired)
+		require.ErrorIs(t, l.LockInTx(ctx, tx, busy, &advisory.Options{Timeout: 20 * time.Millisecond}), advisory.ErrLockTimeout)
+		return nil
+	}))
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	assert.Equal(t, []string{"start:xact", "end:acquired", "start:xact", "end:busy", "start:xact", "end:timeout"}, rec.events)
+	require.Len(t, rec.ends, 3)
+	assert.Equal(t, []keys.Key{k}, rec.ends[0].Keys, "sorted and de-duplicated")
+	assert.True(t, rec.ends[1].Try)
+}
+
+// Options.TxOptions reach BEGIN of WithXactLock, in BEGIN's round trip,
+// over a serializable default; nil options keep the default.
+func TestWithXactLockTxOptions(t *testing.T) {
+	for _, mode := range allExecModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			pool := pgtest.NewPool(t, serializableConfig(t, mode))
+			l := newLocker(t, pool, advisory.Config{})
+			require.NoError(t, l.WithXactLock(ctx, key(t), nil, func(ctx context.Context, tx pgx.Tx) error {
+				assert.Equal(t, "serializable", show(ctx, t, tx, "transaction_isolation"))
+				assert.Equal(t, "off", show(ctx, t, tx, "transaction_read_only"))
+				return nil
+			}))
+			opts := &advisory.Options{TxOptions: pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadOnly}}
+			err := l.WithXactLockAll(ctx, []keys.Key{key(t), key(t)}, opts, func(ctx context.Context, tx pgx.Tx) error {
+				assert.Equal(t, "read committed", show(ctx, t, tx, "transaction_isolation"))
+				assert.Equal(t, "on", show(ctx, t, tx, "transaction_read_only"))
+				_, err := tx.Exec(ctx, "CREATE TEMP TABLE t (x int)")
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr)
+				assert.Equal(t, "25006", pgErr.Code, "read only")
+				return errReadOnly
+			})
+			require.ErrorIs(t, err, errReadOnly)
+			opts = &advisory.Options{TxOptions: pgx.TxOptions{IsoLevel: pgx.RepeatableRead, DeferrableMode: pgx.Deferrable}}
+			require.NoError(t, l.TryWithXactLock(ctx, key(t), opts, func(ctx context.Context, tx pgx.Tx) error {
+				assert.Equal(t, "repeatable read", show(ctx, t, tx, "transaction_isolation"))
+				assert.Equal(t, "on", show(ctx, t, tx, "transaction_deferrable"))
+				return nil
+			}))
+		})
+	}
+}
