@@ -377,3 +377,39 @@ func TestWithXactLockTxOptions(t *testing.T) {
 		})
 	}
 }
+
+// A deadlock between two callers' transactions that took their keys in
+// separate calls is reported to its victim as ErrDeadlock (40P01), and the
+// victim's transaction stays usable: only the call's own savepoint was
+// rolled back, so its earlier key stays held until it ends, and then the
+// survivor gets its key.
+func TestLockInTxDeadlockLeavesTxUsable(t *testing.T) {
+	ctx := testCtx(t)
+	cfg := serializableConfig(t, pgx.QueryExecModeCacheStatement)
+	cfg.MaxConns = 2
+	pool := pgtest.NewPool(t, cfg)
+	l := newLocker(t, pool, advisory.Config{LockTimeout: time.Minute})
+	k1, k2 := key(t), key(t)
+	txs := [2]pgx.Tx{}
+	for i, k := range []keys.Key{k1, k2} {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(context.WithoutCancel(ctx))
+		require.NoError(t, l.LockInTx(ctx, tx, k, nil))
+		txs[i] = tx
+	}
+	type result struct {
+		i   int
+		err error
+	}
+	results := make(chan result, 2)
+	go func() { results <- result{0, l.LockInTx(ctx, txs[0], k2, nil)} }()
+	go func() { results <- result{1, l.LockInTx(ctx, txs[1], k1, nil)} }()
+	victim := <-results
+	require.ErrorIs(t, victim.err, advisory.ErrDeadlock)
+	usable(ctx, t, txs[victim.i], "0")
+	require.NoError(t, txs[victim.i].Commit(ctx))
+	survivor := <-results
+	require.NoError(t, survivor.err)
+	require.NoError(t, txs[survivor.i].Commit(ctx))
+}
