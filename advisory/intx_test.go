@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgxlock/pgxlock/advisory"
 	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/internal/roundtrip"
 	"github.com/pgxlock/pgxlock/keys"
 )
 
@@ -412,4 +413,59 @@ func TestLockInTxDeadlockLeavesTxUsable(t *testing.T) {
 	survivor := <-results
 	require.NoError(t, survivor.err)
 	require.NoError(t, txs[survivor.i].Commit(ctx))
+}
+
+// Round trips of the in-tx forms once their statements are prepared: one
+// when the keys are granted (and for a busy single-key try); one more, the
+// ROLLBACK TO SAVEPOINT, when a wait or a multi-key try fails. pgx's
+// QueryExecModeDescribeExec adds its describe round trip to every batch,
+// and the caching modes re-prepare a batch that failed.
+func TestLockInTxRoundTrips(t *testing.T) {
+	for _, mode := range allExecModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			var counter roundtrip.Counter
+			cfg := serializableConfig(t, mode)
+			cfg.ConnConfig.DialFunc = counter.DialFunc
+			cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+			pool := pgtest.NewPool(t, cfg)
+			l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+			busy := key(t)
+			hold(ctx, t, false, busy)
+			// pgx's describe round trip on every batch (DescribeExec); after
+			// a failed batch, its statements are dropped from pgx's caches,
+			// so the next failure describes (CacheDescribe) or deallocates
+			// and prepares (CacheStatement) them again.
+			extra, failExtra := int64(0), int64(0)
+			switch mode {
+			case pgx.QueryExecModeDescribeExec:
+				extra, failExtra = 1, 1
+			case pgx.QueryExecModeCacheDescribe:
+				failExtra = 1
+			case pgx.QueryExecModeCacheStatement:
+				failExtra = 2
+			}
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(context.WithoutCancel(ctx))
+			measure := func(name string, want int64, call func() error) {
+				t.Helper()
+				_ = call() // prepares statements
+				counter.Reset()
+				_ = call()
+				assert.Equal(t, want, counter.Count(), name)
+			}
+			many := []keys.Key{key(t), key(t), keys.Pair(1, 2)}
+			measure("lock", 1+extra, func() error { return l.LockInTx(ctx, tx, key(t), nil) })
+			measure("lock all", 1+extra, func() error { return l.LockAllInTx(ctx, tx, many, nil) })
+			measure("lock unbounded", 1+extra, func() error { return l.LockInTx(ctx, tx, key(t), &advisory.Options{Timeout: -1}) })
+			measure("try", 1+extra, func() error { return l.TryLockInTx(ctx, tx, key(t), nil) })
+			measure("try all", 1+extra, func() error { return l.TryLockAllInTx(ctx, tx, many, nil) })
+			measure("try busy", 1+extra, func() error { return l.TryLockInTx(ctx, tx, busy, nil) })
+			measure("try all busy", 2+failExtra, func() error { return l.TryLockAllInTx(ctx, tx, []keys.Key{key(t), busy}, nil) })
+			measure("timeout", 2+failExtra, func() error {
+				return l.LockInTx(ctx, tx, busy, &advisory.Options{Timeout: 20 * time.Millisecond})
+			})
+		})
+	}
 }
