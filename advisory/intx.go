@@ -34,8 +34,9 @@ var ErrTxAborted = errors.New("advisory: the transaction is aborted or its conne
 // is granted: SAVEPOINT, the lock, RELEASE SAVEPOINT (a lock taken in a
 // released savepoint belongs to the enclosing transaction). A bounded wait
 // sets lock_timeout inside the lock statement and sets it back, in the same
-// statement, to the value tx had, so whatever tx set for itself (SET LOCAL,
-// the role's or the connection's default) is what tx has afterwards. When
+// statement, to the value tx had, so whatever tx had (a SET LOCAL, or the
+// session's value) is what tx has afterwards; the bound replaces tx's
+// lock_timeout for the call's wait only. When
 // the wait fails, one more round trip, ROLLBACK TO SAVEPOINT and RELEASE
 // SAVEPOINT under a fresh context bounded by Config.CleanupTimeout, undoes
 // the call: nothing of it stays held or set, and tx is usable as before (a
@@ -47,18 +48,18 @@ var ErrTxAborted = errors.New("advisory: the transaction is aborted or its conne
 // (if any) applies. A cancelled ctx sends PostgreSQL a cancel request, as
 // for WithLock, and the call returns ctx's error; a call whose ctx has
 // ended before anything was sent sends nothing. A nil error means the key
-// is held by tx, even if ctx ended as it was granted.
-// Options.Shared takes it in shared mode; Options.TxOptions is ignored.
+// is held by tx. Options.Shared takes it in shared mode; Options.TxOptions
+// is ignored.
 //
 // It returns a *LockError matching ErrLockTimeout, ErrDeadlock,
-// ErrTooManyLocks (tx is usable in these cases), ErrInvalid (no SQL was
-// sent: a nil tx or zero key, or tx not in a transaction: committed, rolled
-// back, or ended by its own SQL) or ErrTxAborted (tx was aborted before
-// the call, or is now: its connection closed, or a cancellation landed
-// outside the call's savepoint); the *pgconn.PgError and ctx's error stay in
-// its chain. Acquisitions are traced (AcquireTracer) as for WithXactLock,
-// with ScopeXact; the release is not, as the transaction's end belongs to
-// the caller.
+// ErrTooManyLocks (tx is usable in these cases, as after a cancellation),
+// ErrInvalid (no SQL was sent: a nil tx or zero key, or tx not in a
+// transaction: committed, rolled back, or ended by its own SQL) or
+// ErrTxAborted (tx was aborted or its connection closed, before or during
+// the call); the *pgconn.PgError and ctx's error stay in its chain.
+// Acquisitions are traced (AcquireTracer) as for WithXactLock, with
+// ScopeXact; the release is not, as the transaction's end belongs to the
+// caller.
 func (l *Locker) LockInTx(ctx context.Context, tx pgx.Tx, key keys.Key, opts *Options) error {
 	c := &inTxCall{}
 	c.key1[0] = key

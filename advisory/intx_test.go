@@ -36,6 +36,16 @@ func serializableConfig(t testing.TB, mode pgx.QueryExecMode) *pgxpool.Config {
 	return cfg
 }
 
+// noDeadline is ctx without its deadline (so that a call without a bound
+// of its own has none), still cancelled when ctx ends: the test stays
+// bounded.
+func noDeadline(t testing.TB, ctx context.Context) context.Context {
+	uctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancel)
+	t.Cleanup(func() { stop(); cancel() })
+	return uctx
+}
+
 func show(ctx context.Context, t testing.TB, tx pgx.Tx, name string) string {
 	t.Helper()
 	var v string
@@ -81,7 +91,10 @@ func TestLockInTxAcrossExecModes(t *testing.T) {
 			usable(ctx, t, tx, "7s")
 
 			// Unbounded, one key; shared over a shared holder.
-			require.NoError(t, l.LockInTx(ctx, tx, k4, &advisory.Options{Timeout: -1}))
+			require.NoError(t, l.LockInTx(noDeadline(t, ctx), tx, k4, &advisory.Options{Timeout: -1}))
+			k7 := key(t)
+			require.NoError(t, l.LockAllInTx(noDeadline(t, ctx), tx, []keys.Key{k7, keys.Pair(pgtest.UniqueInt32(t), 1)}, nil))
+			assert.False(t, p.free(ctx, k7, false))
 			require.NoError(t, l.TryLockInTx(ctx, tx, k5, &advisory.Options{Shared: true}))
 			assert.True(t, p.free(ctx, k5, true), "shared")
 			assert.False(t, p.free(ctx, k5, false))
@@ -277,7 +290,7 @@ func TestLockInTxCancelAndDeadline(t *testing.T) {
 	require.NoError(t, err)
 	pid := tx.Conn().PgConn().PID()
 
-	cctx, cancel := context.WithCancel(ctx)
+	cctx, cancel := context.WithCancel(noDeadline(t, ctx)) // an unbounded wait
 	done := make(chan error, 1)
 	go func() { done <- l.LockInTx(cctx, tx, k, nil) }()
 	awaitWaiting(ctx, t, p.pool, k, 1)
@@ -458,7 +471,10 @@ func TestLockInTxRoundTrips(t *testing.T) {
 			many := []keys.Key{key(t), key(t), keys.Pair(1, 2)}
 			measure("lock", 1+extra, func() error { return l.LockInTx(ctx, tx, key(t), nil) })
 			measure("lock all", 1+extra, func() error { return l.LockAllInTx(ctx, tx, many, nil) })
-			measure("lock unbounded", 1+extra, func() error { return l.LockInTx(ctx, tx, key(t), &advisory.Options{Timeout: -1}) })
+			uctx := noDeadline(t, ctx)
+			unbounded := &advisory.Options{Timeout: -1}
+			measure("lock unbounded", 1+extra, func() error { return l.LockInTx(uctx, tx, key(t), unbounded) })
+			measure("lock all unbounded", 1+extra, func() error { return l.LockAllInTx(uctx, tx, many, unbounded) })
 			measure("try", 1+extra, func() error { return l.TryLockInTx(ctx, tx, key(t), nil) })
 			measure("try all", 1+extra, func() error { return l.TryLockAllInTx(ctx, tx, many, nil) })
 			measure("try busy", 1+extra, func() error { return l.TryLockInTx(ctx, tx, busy, nil) })
@@ -468,4 +484,146 @@ func TestLockInTxRoundTrips(t *testing.T) {
 			})
 		})
 	}
+}
+
+// Without a bound of the call's own, the transaction's lock_timeout ends
+// the wait (ErrLockTimeout), and the transaction keeps it; a bounded call
+// sets back the session's default (here from the connection's runtime
+// parameters) as well as a SET LOCAL.
+func TestLockInTxWithoutBoundTheTxLockTimeoutApplies(t *testing.T) {
+	ctx := testCtx(t)
+	cfg := serializableConfig(t, pgx.QueryExecModeCacheStatement)
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "9s"
+	pool := pgtest.NewPool(t, cfg)
+	l := newLocker(t, pool, advisory.Config{})
+	busy := key(t)
+	hold(ctx, t, false, busy)
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		require.NoError(t, l.LockInTx(ctx, tx, key(t), &advisory.Options{Timeout: time.Minute}))
+		usable(ctx, t, tx, "9s")
+		_, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '100ms'")
+		require.NoError(t, err)
+		err = l.LockAllInTx(noDeadline(t, ctx), tx, []keys.Key{busy, key(t)}, nil)
+		require.ErrorIs(t, err, advisory.ErrLockTimeout)
+		usable(ctx, t, tx, "100ms")
+		err = l.LockInTx(noDeadline(t, ctx), tx, busy, nil)
+		require.ErrorIs(t, err, advisory.ErrLockTimeout)
+		usable(ctx, t, tx, "100ms")
+		return nil
+	}))
+	assert.Equal(t, []string{"9s"}, showLockTimeouts(ctx, t, pool))
+}
+
+// A caller's transaction whose backend is terminated while the call waits
+// is reported as ErrTxAborted: it cannot be used any more.
+func TestLockInTxTerminatedBackendIsErrTxAborted(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.NewPool(t, serializableConfig(t, pgx.QueryExecModeExec))
+	l := newLocker(t, pool, advisory.Config{})
+	p := newProbe(t)
+	k := key(t)
+	hold(ctx, t, false, k)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	pid := tx.Conn().PgConn().PID()
+	done := make(chan error, 1)
+	go func() { done <- l.LockInTx(ctx, tx, k, nil) }()
+	awaitWaiting(ctx, t, p.pool, k, 1)
+	var ok bool
+	require.NoError(t, p.pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok))
+	require.True(t, ok)
+	err = <-done
+	require.ErrorIs(t, err, advisory.ErrTxAborted)
+	var le *advisory.LockError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, "xact-lock", le.Op)
+}
+
+// An in-tx call waits on the server even while another call of the same
+// Locker waits for the key (which queues later calls of the Locker in
+// process): PostgreSQL sees both waiters, and its deadlock detector sees
+// the caller's transaction.
+func TestLockInTxWaitsOnTheServerNotInTheLocalQueue(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.NewPool(t, serializableConfig(t, pgx.QueryExecModeExec))
+	other := pgtest.Pool(t)
+	l := newLocker(t, other, advisory.Config{})
+	p := newProbe(t)
+	k := key(t)
+	h := hold(ctx, t, false, k)
+	first := make(chan error, 1)
+	go func() {
+		first <- l.WithXactLock(ctx, k, nil, func(context.Context, pgx.Tx) error { return nil })
+	}()
+	awaitWaiting(ctx, t, p.pool, k, 1)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	second := make(chan error, 1)
+	go func() { second <- l.LockInTx(ctx, tx, k, nil) }()
+	awaitWaiting(ctx, t, p.pool, k, 2)
+	h.release()
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
+	require.NoError(t, tx.Commit(ctx))
+}
+
+// A multi-key in-tx call that fills the server's lock table fails with
+// ErrTooManyLocks (53200), leaves nothing of it held and the caller's
+// transaction usable, its earlier keys still held. A private cluster with
+// a tiny lock table (see TestLockTableExhaustionLeavesNothingHeld).
+func TestLockInTxLockTableExhaustionLeavesTxUsable(t *testing.T) {
+	ctx := testCtx(t)
+	cluster := startTinyLockTableCluster(t)
+	cfg, err := pgxpool.ParseConfig(cluster.DSN())
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool := pgtest.NewPool(t, cfg)
+	monitor := pgtest.NewPool(t, mustParse(t, cluster.DSN()))
+	l := newLocker(t, pool, advisory.Config{MaxKeys: 2 * capacityKeys})
+	base := pgtest.UniqueInt64(t)
+	ks := make([]keys.Key, capacityKeys)
+	for i := range ks {
+		ks[i] = keys.Int64(base ^ int64(i))
+	}
+	first := key(t)
+	count := func() int {
+		var n int
+		require.NoError(t, monitor.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").Scan(&n))
+		return n
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		require.NoError(t, l.LockInTx(ctx, tx, first, nil))
+		err := l.LockAllInTx(ctx, tx, ks, nil)
+		require.ErrorIs(t, err, advisory.ErrTooManyLocks)
+		assert.NotErrorIs(t, err, advisory.ErrTxAborted)
+		usable(ctx, t, tx, "0")
+		assert.Equal(t, 1, count(), "only the earlier key is held")
+		require.NoError(t, l.LockAllInTx(ctx, tx, ks[:50], nil))
+		assert.Equal(t, 51, count())
+		return nil
+	}))
+	assert.Zero(t, count())
+}
+
+// Options.TxOptions cost no round trip: BEGIN with them still travels
+// with the lock.
+func TestWithXactLockTxOptionsRoundTrips(t *testing.T) {
+	ctx := testCtx(t)
+	var counter roundtrip.Counter
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	cfg.ConnConfig.DialFunc = counter.DialFunc
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	pool := pgtest.NewPool(t, cfg)
+	l := newLocker(t, pool, advisory.Config{LockTimeout: time.Second})
+	opts := &advisory.Options{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable, AccessMode: pgx.ReadOnly, DeferrableMode: pgx.Deferrable}}
+	call := func() error {
+		return l.WithXactLock(ctx, key(t), opts, func(context.Context, pgx.Tx) error { return nil })
+	}
+	require.NoError(t, call())
+	counter.Reset()
+	require.NoError(t, call())
+	assert.EqualValues(t, 2, counter.Count(), "BEGIN+lock, COMMIT")
 }

@@ -32,6 +32,9 @@ import (
 // outcome stands, and the lock ends with it (whatever fn runs afterwards
 // runs unlocked and outside the transaction).
 //
+// Options.TxOptions, when set, are passed to BEGIN (isolation level,
+// access mode, deferrable mode), still in BEGIN's round trip.
+//
 // It returns fn's error or COMMIT's error unchanged, or a *LockError
 // matching ErrLockTimeout, ErrDeadlock, ErrTooManyLocks or ErrInvalid.
 // COMMIT's errors match pooltx.ErrNotCommitted (nothing was committed,
