@@ -627,3 +627,35 @@ func TestWithXactLockTxOptionsRoundTrips(t *testing.T) {
 	require.NoError(t, call())
 	assert.EqualValues(t, 2, counter.Count(), "BEGIN+lock, COMMIT")
 }
+
+// The bound of LockAllInTx is the whole call's, all keys together: a third
+// of it spent on the first key, the second stays busy, and the server ends
+// the wait at the bound with 55P03 (a bound applied to each key afresh
+// would outlast the client's deadline by more than its grace, and the
+// socket would be cut: ErrTxAborted). The transaction stays usable.
+func TestLockAllInTxTimeoutIsTheWholeCalls(t *testing.T) {
+	ctx := testCtx(t)
+	const bound = 3 * time.Second
+	pool := pgtest.NewPool(t, serializableConfig(t, pgx.QueryExecModeExec))
+	l := newLocker(t, pool, advisory.Config{})
+	p := newProbe(t)
+	ks := keys.Normalize([]keys.Key{key(t), keys.Pair(int32(pgtest.UniqueInt64(t)), -1)})
+	h1 := hold(ctx, t, false, ks[0])
+	hold(ctx, t, false, ks[1])
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(context.WithoutCancel(ctx))
+
+	done := make(chan error, 1)
+	go func() { done <- l.LockAllInTx(ctx, tx, ks, &advisory.Options{Timeout: bound}) }()
+	awaitWaitedFor(ctx, t, p.pool, ks[0], bound/3)
+	h1.release()
+	err = <-done
+	require.ErrorIs(t, err, advisory.ErrLockTimeout)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, "the server ended the wait")
+	assert.Equal(t, "55P03", pgErr.Code)
+	assert.NotErrorIs(t, err, advisory.ErrTxAborted)
+	usable(ctx, t, tx, "0")
+	assert.True(t, p.free(ctx, ks[0], false), "the key taken before the timeout was released")
+}
