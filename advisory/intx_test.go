@@ -659,3 +659,24 @@ func TestLockAllInTxTimeoutIsTheWholeCalls(t *testing.T) {
 	usable(ctx, t, tx, "0")
 	assert.True(t, p.free(ctx, ks[0], false), "the key taken before the timeout was released")
 }
+
+// Options.TxOptions.BeginQuery replaces BEGIN; CommitQuery is ignored
+// (COMMIT is pooltx's, with the reset): a "ROLLBACK" there commits all the
+// same.
+func TestWithXactLockTxOptionsBeginAndCommitQuery(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.NewPool(t, serializableConfig(t, pgx.QueryExecModeExec))
+	l := newLocker(t, pool, advisory.Config{})
+	table := pgx.Identifier{pgtest.Schema(t, pool), "rows"}.Sanitize()
+	_, err := pool.Exec(ctx, "CREATE TABLE "+table+" (id int)")
+	require.NoError(t, err)
+	opts := &advisory.Options{TxOptions: pgx.TxOptions{BeginQuery: "BEGIN ISOLATION LEVEL REPEATABLE READ", CommitQuery: "ROLLBACK"}}
+	require.NoError(t, l.WithXactLock(ctx, key(t), opts, func(ctx context.Context, tx pgx.Tx) error {
+		assert.Equal(t, "repeatable read", show(ctx, t, tx, "transaction_isolation"))
+		_, err := tx.Exec(ctx, "INSERT INTO "+table+" VALUES (1)")
+		return err
+	}))
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n))
+	assert.Equal(t, 1, n, "committed")
+}
