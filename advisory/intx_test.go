@@ -680,3 +680,27 @@ func TestWithXactLockTxOptionsBeginAndCommitQuery(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n))
 	assert.Equal(t, 1, n, "committed")
 }
+
+// A statement_timeout of the caller's transaction ends the wait with 57014
+// (which the package's classification maps as it does for the other
+// forms); only the call's savepoint is rolled back, so the transaction
+// stays usable with its own settings.
+func TestLockInTxStatementTimeoutLeavesTxUsable(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.NewPool(t, serializableConfig(t, pgx.QueryExecModeSimpleProtocol))
+	l := newLocker(t, pool, advisory.Config{})
+	busy := key(t)
+	hold(ctx, t, false, busy)
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '200ms'")
+		require.NoError(t, err)
+		err = l.LockAllInTx(noDeadline(t, ctx), tx, []keys.Key{key(t), busy}, nil)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr)
+		assert.Equal(t, "57014", pgErr.Code)
+		assert.NotErrorIs(t, err, advisory.ErrTxAborted)
+		usable(ctx, t, tx, "0")
+		assert.Equal(t, "200ms", show(ctx, t, tx, "statement_timeout"))
+		return nil
+	}))
+}
