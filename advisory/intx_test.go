@@ -660,47 +660,27 @@ func TestLockAllInTxTimeoutIsTheWholeCalls(t *testing.T) {
 	assert.True(t, p.free(ctx, ks[0], false), "the key taken before the timeout was released")
 }
 
-// Options.TxOptions.BeginQuery replaces BEGIN; CommitQuery is ignored
-// (COMMIT is pooltx's, with the reset): a "ROLLBACK" there commits all the
-// same.
-func TestWithXactLockTxOptionsBeginAndCommitQuery(t *testing.T) {
-	ctx := testCtx(t)
-	pool := pgtest.NewPool(t, serializableConfig(t, pgx.QueryExecModeExec))
-	l := newLocker(t, pool, advisory.Config{})
-	table := pgx.Identifier{pgtest.Schema(t, pool), "rows"}.Sanitize()
-	_, err := pool.Exec(ctx, "CREATE TABLE "+table+" (id int)")
-	require.NoError(t, err)
-	opts := &advisory.Options{TxOptions: pgx.TxOptions{BeginQuery: "BEGIN ISOLATION LEVEL REPEATABLE READ", CommitQuery: "ROLLBACK"}}
-	require.NoError(t, l.WithXactLock(ctx, key(t), opts, func(ctx context.Context, tx pgx.Tx) error {
-		assert.Equal(t, "repeatable read", show(ctx, t, tx, "transaction_isolation"))
-		_, err := tx.Exec(ctx, "INSERT INTO "+table+" VALUES (1)")
-		return err
-	}))
-	var n int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n))
-	assert.Equal(t, 1, n, "committed")
-}
-
-// A statement_timeout of the caller's transaction ends the wait with 57014
-// (which the package's classification maps as it does for the other
-// forms); only the call's savepoint is rolled back, so the transaction
-// stays usable with its own settings.
-func TestLockInTxStatementTimeoutLeavesTxUsable(t *testing.T) {
+// Options.TxOptions that pgx would write into BEGIN unquoted, or that
+// would replace the call's own BEGIN or COMMIT, are refused before any SQL:
+// the callback does not run, nothing is committed.
+func TestWithXactLockTxOptionsRefusesUnknownValues(t *testing.T) {
 	ctx := testCtx(t)
 	pool := pgtest.NewPool(t, serializableConfig(t, pgx.QueryExecModeSimpleProtocol))
 	l := newLocker(t, pool, advisory.Config{})
-	busy := key(t)
-	hold(ctx, t, false, busy)
-	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '200ms'")
-		require.NoError(t, err)
-		err = l.LockAllInTx(noDeadline(t, ctx), tx, []keys.Key{key(t), busy}, nil)
-		var pgErr *pgconn.PgError
-		require.ErrorAs(t, err, &pgErr)
-		assert.Equal(t, "57014", pgErr.Code)
-		assert.NotErrorIs(t, err, advisory.ErrTxAborted)
-		usable(ctx, t, tx, "0")
-		assert.Equal(t, "200ms", show(ctx, t, tx, "statement_timeout"))
-		return nil
-	}))
+	for name, o := range map[string]pgx.TxOptions{
+		"BeginQuery":     {BeginQuery: "BEGIN; COMMIT"},
+		"CommitQuery":    {CommitQuery: "ROLLBACK"},
+		"IsoLevel":       {IsoLevel: "serializable; commit"},
+		"AccessMode":     {AccessMode: "read write; commit"},
+		"DeferrableMode": {DeferrableMode: "deferrable; commit"},
+	} {
+		err := l.WithXactLock(ctx, key(t), &advisory.Options{TxOptions: o}, func(context.Context, pgx.Tx) error {
+			t.Errorf("%s: the callback ran", name)
+			return nil
+		})
+		require.ErrorIs(t, err, advisory.ErrInvalid, name)
+		var le *advisory.LockError
+		require.ErrorAs(t, err, &le, name)
+	}
+	assert.EqualValues(t, 0, pool.Stat().AcquiredConns())
 }

@@ -33,7 +33,9 @@ import (
 // runs unlocked and outside the transaction).
 //
 // Options.TxOptions, when set, are passed to BEGIN (isolation level,
-// access mode, deferrable mode), still in BEGIN's round trip.
+// access mode, deferrable mode), still in BEGIN's round trip; values pgx
+// does not name, a BeginQuery or a CommitQuery are refused with
+// ErrInvalid.
 //
 // It returns fn's error or COMMIT's error unchanged, or a *LockError
 // matching ErrLockTimeout, ErrDeadlock, ErrTooManyLocks or ErrInvalid.
@@ -97,6 +99,9 @@ func (l *Locker) withXact(ctx context.Context, call *xactCall, ks []keys.Key, op
 	op := opName(xactOp(try), shared)
 	if fn == nil {
 		return &LockError{Op: op, Keys: ks, Err: invalid("nil callback")}
+	}
+	if err := opts.checkTxOptions(); err != nil {
+		return &LockError{Op: op, Keys: ks, Err: err}
 	}
 	s := &call.s
 	if err := s.init(ks, l.cfg.MaxKeys); err != nil {
