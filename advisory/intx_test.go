@@ -3,6 +3,7 @@ package advisory_test
 import (
 	"context"
 	"errors"
+	"syscall"
 	"testing"
 	"time"
 
@@ -683,4 +684,56 @@ func TestWithXactLockTxOptionsRefusesUnknownValues(t *testing.T) {
 		require.ErrorAs(t, err, &le, name)
 	}
 	assert.EqualValues(t, 0, pool.Stat().AcquiredConns())
+}
+
+// The caller's backend is frozen (SIGSTOP) while the call waits, so it can
+// answer neither the wait nor the cancel request: after the grace period
+// the call cuts the socket, returns, and says the transaction is gone
+// (ErrTxAborted, with ctx's error). A private cluster, so that the frozen
+// backend bothers nobody else.
+func TestLockInTxCancelledOnFrozenBackendIsErrTxAborted(t *testing.T) {
+	ctx := testCtx(t)
+	cluster := pgtest.Cluster(t)
+	cfg, err := pgxpool.ParseConfig(cluster.DSN())
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	acfg, err := pgxpool.ParseConfig(cluster.DSN())
+	require.NoError(t, err)
+	pool, admin := pgtest.NewPool(t, cfg), pgtest.NewPool(t, acfg)
+	l := newLocker(t, pool, advisory.Config{})
+	k := key(t)
+	v, _ := k.Int64()
+	holder, err := admin.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	_, err = holder.Exec(ctx, "SELECT pg_advisory_lock($1)", v)
+	require.NoError(t, err)
+	defer holder.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock_all()") //nolint:errcheck
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	pid := tx.Conn().PgConn().PID()
+	wctx, cancel := context.WithCancel(noDeadline(t, ctx))
+	done := make(chan error, 1)
+	go func() { done <- l.LockInTx(wctx, tx, k, nil) }()
+	classid, objid, objsubid := k.PgLocks()
+	require.Eventually(t, func() bool {
+		var n int
+		err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND classid = $1 AND objid = $2 AND objsubid = $3 AND pid = $4`, classid, objid, objsubid, pid).Scan(&n)
+		return err == nil && n == 1
+	}, 10*time.Second, time.Millisecond)
+	require.NoError(t, syscall.Kill(int(pid), syscall.SIGSTOP))
+	defer syscall.Kill(int(pid), syscall.SIGCONT) //nolint:errcheck
+	cancel()
+	select {
+	case err := <-done:
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.ErrorIs(t, err, advisory.ErrTxAborted)
+	case <-time.After(30 * time.Second):
+		t.Fatal("a cancelled wait on a frozen backend did not return")
+	}
+	assert.True(t, tx.Conn().IsClosed(), "the connection in doubt is closed")
+	require.NoError(t, syscall.Kill(int(pid), syscall.SIGCONT))
 }
