@@ -47,7 +47,10 @@ var ErrTxAborted = errors.New("advisory: the transaction is aborted or its conne
 // the server with ErrLockTimeout. Without any bound, tx's own lock_timeout
 // (if any) applies. A cancelled ctx sends PostgreSQL a cancel request, as
 // for WithLock, and the call returns ctx's error; a call whose ctx has
-// ended before anything was sent sends nothing. A nil error means the key
+// ended before anything was sent sends nothing. A server that ends the wait
+// neither at the bound nor on the cancel request within half a second (a
+// frozen server or network) gets its socket cut: tx's connection closes and
+// the error also matches ErrTxAborted. A nil error means the key
 // is held by tx. Options.Shared takes it in shared mode; Options.TxOptions
 // is ignored.
 //
