@@ -36,11 +36,11 @@ var ErrTxAborted = errors.New("advisory: the transaction is aborted or its conne
 // sets lock_timeout inside the lock statement and sets it back, in the same
 // statement, to the value tx had, so whatever tx had (a SET LOCAL, or the
 // session's value) is what tx has afterwards; the bound replaces tx's
-// lock_timeout for the call's wait only. When
-// the wait fails, one more round trip, ROLLBACK TO SAVEPOINT and RELEASE
-// SAVEPOINT under a fresh context bounded by Config.CleanupTimeout, undoes
-// the call: nothing of it stays held or set, and tx is usable as before (a
-// failed statement would otherwise abort the whole transaction).
+// lock_timeout for the call's wait only. When the wait fails, one more
+// round trip, ROLLBACK TO SAVEPOINT and RELEASE SAVEPOINT under a fresh
+// context bounded by Config.CleanupTimeout, undoes the call: nothing of it
+// stays held or set, and tx is usable as before (a failed statement would
+// otherwise abort the whole transaction).
 //
 // The wait is bounded by Options.Timeout, else Config.LockTimeout, and by
 // ctx's deadline, whichever comes first; reaching the bound ends the wait on
@@ -50,9 +50,9 @@ var ErrTxAborted = errors.New("advisory: the transaction is aborted or its conne
 // ended before anything was sent sends nothing. A server that ends the wait
 // neither at the bound nor on the cancel request within half a second (a
 // frozen server or network) gets its socket cut: tx's connection closes and
-// the error also matches ErrTxAborted. A nil error means the key
-// is held by tx. Options.Shared takes it in shared mode; Options.TxOptions
-// is ignored.
+// the error also matches ErrTxAborted. A nil error means the key is held
+// by tx. Options.Shared takes it in shared mode; Options.TxOptions is
+// ignored.
 //
 // It returns a *LockError matching ErrLockTimeout, ErrDeadlock,
 // ErrTooManyLocks (tx is usable in these cases, as after a cancellation),
@@ -98,7 +98,7 @@ func (l *Locker) TryLockAllInTx(ctx context.Context, tx pgx.Tx, ks []keys.Key, o
 	return l.lockInTx(ctx, &inTxCall{}, tx, ks, opts, true)
 }
 
-// inTxSavepoint names the savepoint of an in-tx call. Savepoint names may
+// The savepoint of an in-tx call. Savepoint names may
 // repeat in PostgreSQL; RELEASE and ROLLBACK TO find the most recent one,
 // which is always the call's own.
 const (
