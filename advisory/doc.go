@@ -32,6 +32,37 @@
 // none of the batch is kept. Its readers run after COMMIT was sent and
 // cannot undo it.
 //
+// # Locks inside the caller's transaction
+//
+// Code that already holds a pgx.Tx (a repository layer, sqlc queries, its
+// own pgx.BeginTxFunc, on a pool or a single pgx.Conn, or a nested pgx
+// transaction, which is a savepoint) takes transaction locks in it with
+// [Locker.LockInTx], [Locker.TryLockInTx], [Locker.LockAllInTx] and
+// [Locker.TryLockAllInTx]:
+//
+//	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+//		if err := locker.LockInTx(ctx, tx, tenant, nil); err != nil {
+//			return err
+//		}
+//		return write(ctx, tx) // COMMIT releases the key
+//	})
+//
+// Each call runs in a savepoint of its own: SAVEPOINT, the lock statement,
+// RELEASE SAVEPOINT, in one round trip when the keys are granted; a lock
+// taken in a released savepoint belongs to the enclosing transaction, and
+// lasts until it ends (or until the enclosing nested transaction is rolled
+// back). A bounded wait sets lock_timeout inside the lock statement and, in
+// the same statement, sets it back to the value the transaction had. A wait
+// that fails (timeout, busy keys of a multi-key try, deadlock,
+// cancellation) is undone by ROLLBACK TO SAVEPOINT in one more round trip
+// (a busy single-key try takes nothing and needs none): none of the call's
+// keys or settings stay, and the caller's transaction is usable as before,
+// where a failed statement would otherwise abort it. A call that finds the
+// transaction aborted or its connection closed, or leaves it so (the
+// connection closed during the call), returns an error matching
+// [ErrTxAborted]: roll it back. These calls use neither the Locker's pool
+// nor its local queue.
+//
 // A transaction lock ends with the first error in its transaction, not at
 // ROLLBACK: PostgreSQL aborts the transaction, and releases its locks, the
 // moment a statement fails. A callback that catches a database error and
@@ -183,7 +214,7 @@
 // Every failure is a [*LockError] naming the operation and keys; it matches
 // the sentinels ([ErrNotAcquired], [ErrLockTimeout], [ErrNoConnection],
 // [ErrDeadlock], [ErrTooManyLocks], [ErrNotHeld], [ErrLockLost],
-// [ErrCallbackInTx], [ErrInvalid]) with
+// [ErrCallbackInTx], [ErrTxAborted], [ErrInvalid]) with
 // errors.Is and keeps
 // the *pgconn.PgError and, when the context ended, the context's error in
 // its chain. A callback's own error is returned unchanged. Only a wait for
@@ -285,6 +316,6 @@
 // whichever server connection ran the statement, and the next statement may
 // run on another: session locks silently stop excluding anybody. Use the
 // transaction-scope calls there (they keep every statement in one
-// transaction, so they work), with a pgx exec mode PgBouncer accepts
+// transaction, so they work, the in-tx calls included), with a pgx exec mode PgBouncer accepts
 // (QueryExecModeExec or QueryExecModeSimpleProtocol).
 package advisory

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -123,9 +124,44 @@ type Options struct {
 	// for a connection, for at most Config.LockTimeout, else
 	// DefaultTryConnWait.
 	Timeout time.Duration
+
+	// TxOptions are passed to BEGIN by the calls that begin a transaction
+	// of their own (WithXactLock, TryWithXactLock, WithXactLockAll,
+	// TryWithXactLockAll), as pgx.Conn.BeginTx takes them: isolation
+	// level, access mode and deferrable mode, each empty or one of pgx's
+	// named values (pgx.Serializable, pgx.ReadOnly, pgx.Deferrable, ...).
+	// BEGIN still shares its round trip with the lock. Any other value, a
+	// BeginQuery or a CommitQuery is refused with ErrInvalid before any SQL
+	// is sent: pgx writes the values into BEGIN unquoted, the call's
+	// BEGIN is what its lock relies on, and its COMMIT shares a round trip
+	// with the session's reset. Other calls ignore TxOptions.
+	TxOptions pgx.TxOptions
 }
 
 func (o *Options) shared() bool { return o != nil && o.Shared }
+
+func (o *Options) txOptions() pgx.TxOptions {
+	if o == nil {
+		return pgx.TxOptions{}
+	}
+	return o.TxOptions
+}
+
+// checkTxOptions validates Options.TxOptions (see there).
+func (o *Options) checkTxOptions() error {
+	t := o.txOptions()
+	switch {
+	case t.BeginQuery != "" || t.CommitQuery != "":
+		return invalid("Options.TxOptions: BeginQuery and CommitQuery are not supported (the call's own BEGIN and COMMIT hold the lock)")
+	case !slices.Contains([]pgx.TxIsoLevel{"", pgx.Serializable, pgx.RepeatableRead, pgx.ReadCommitted, pgx.ReadUncommitted}, t.IsoLevel):
+		return invalid("Options.TxOptions: unknown IsoLevel %q", t.IsoLevel)
+	case !slices.Contains([]pgx.TxAccessMode{"", pgx.ReadWrite, pgx.ReadOnly}, t.AccessMode):
+		return invalid("Options.TxOptions: unknown AccessMode %q", t.AccessMode)
+	case !slices.Contains([]pgx.TxDeferrableMode{"", pgx.Deferrable, pgx.NotDeferrable}, t.DeferrableMode):
+		return invalid("Options.TxOptions: unknown DeferrableMode %q", t.DeferrableMode)
+	}
+	return nil
+}
 
 // Locker takes PostgreSQL advisory locks through a pgx pool. It is safe for
 // concurrent use. Every session-scope call pins one pooled connection for

@@ -32,6 +32,11 @@ import (
 // outcome stands, and the lock ends with it (whatever fn runs afterwards
 // runs unlocked and outside the transaction).
 //
+// Options.TxOptions, when set, are passed to BEGIN (isolation level,
+// access mode, deferrable mode), still in BEGIN's round trip; values pgx
+// does not name, a BeginQuery or a CommitQuery are refused with
+// ErrInvalid.
+//
 // It returns fn's error or COMMIT's error unchanged, or a *LockError
 // matching ErrLockTimeout, ErrDeadlock, ErrTooManyLocks or ErrInvalid.
 // COMMIT's errors match pooltx.ErrNotCommitted (nothing was committed,
@@ -95,6 +100,9 @@ func (l *Locker) withXact(ctx context.Context, call *xactCall, ks []keys.Key, op
 	if fn == nil {
 		return &LockError{Op: op, Keys: ks, Err: invalid("nil callback")}
 	}
+	if err := opts.checkTxOptions(); err != nil {
+		return &LockError{Op: op, Keys: ks, Err: err}
+	}
 	s := &call.s
 	if err := s.init(ks, l.cfg.MaxKeys); err != nil {
 		return &LockError{Op: op, Keys: ks, Err: err}
@@ -118,7 +126,7 @@ func (l *Locker) withXact(ctx context.Context, call *xactCall, ks []keys.Key, op
 		if retried {
 			w = &serverWait{} // a serverWait is used once
 		}
-		*x = xactAttempt{l: l, ctx: ctx, wctx: wctx, c: c, t: t, s: s, op: op, shared: shared, try: try, sp: sp, w: w, txOpts: &call.opts}
+		*x = xactAttempt{l: l, ctx: ctx, wctx: wctx, c: c, t: t, s: s, op: op, shared: shared, try: try, sp: sp, w: w, txOpts: &call.opts, tx: opts.txOptions()}
 		err = x.run(fn)
 		if x.inFn {
 			sp.released(nil)
@@ -155,6 +163,7 @@ type xactAttempt struct {
 	w         *serverWait       // zero: the attempt's lock wait
 	txOpts    *pooltx.TxOptions // zero: filled by run
 	inFn      bool              // fn was called: the lock was acquired
+	tx        pgx.TxOptions     // for BEGIN (Options.TxOptions)
 
 	// Filled by run for preamble.
 	timeout string
@@ -213,7 +222,7 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 		}
 	}
 	txOpts := x.txOpts
-	*txOpts = pooltx.TxOptions{PreambleContext: w.ctx, Preamble: x.preamble}
+	*txOpts = pooltx.TxOptions{Tx: x.tx, PreambleContext: w.ctx, Preamble: x.preamble}
 
 	returned := false
 	defer func() {
