@@ -273,12 +273,24 @@ func (m *Manager) TryAcquire(ctx context.Context, resource string, opts *Acquire
 	if err != nil {
 		return nil, err
 	}
+	l, cleanup, err := m.tryAcquire(ctx, req)
+	if cleanup != nil {
+		cctx, cancel := pooltx.CleanupContext(ctx, m.releaseTimeout)
+		cleanup(cctx)
+		cancel()
+	}
+	return l, err
+}
+
+// tryAcquire is TryAcquire's attempt; a non-nil cleanup gives back an
+// attempt whose outcome is unknown (see Manager.acquire).
+func (m *Manager) tryAcquire(ctx context.Context, req *request) (*Lease, func(context.Context), error) {
 	req.wait = waitTry
 	l, _, err := m.attempt(ctx, req)
 	if outcomeUnknown(err) {
-		m.giveBack(ctx, req)
+		return l, func(cctx context.Context) { m.giveBack(cctx, req) }, err
 	}
-	return l, err
+	return l, nil, err
 }
 
 // attempt runs the acquisition batch once. On ErrNotAcquired it also returns
@@ -327,7 +339,7 @@ func (m *Manager) attempt(ctx context.Context, req *request) (*Lease, time.Durat
 
 // giveBack deletes the lease row an attempt with an unknown outcome may have
 // created and clears the writer intent the request may have registered
-// (req.intent), under a fresh context bounded by ReleaseTimeout, waking
+// (req.intent), waking
 // waiters if anything went.
 //
 // It first takes the resource lock, like an acquisition: an abandoned attempt
@@ -336,9 +348,10 @@ func (m *Manager) attempt(ctx context.Context, req *request) (*Lease, time.Durat
 // give-back looks, instead of after it. Best effort: if it fails, or the
 // abandoned attempt reaches the server later still, the TTL (or the intent's
 // lifetime) is the safety net.
-func (m *Manager) giveBack(ctx context.Context, req *request) {
-	gctx, cancel := pooltx.CleanupContext(ctx, m.releaseTimeout)
-	defer cancel()
+//
+// gctx is a clean-up context the caller made and bounded (by ReleaseTimeout:
+// pooltx.CleanupContext), so that several give-backs can share one bound.
+func (m *Manager) giveBack(gctx context.Context, req *request) {
 	var intent any
 	if req.intent != "" {
 		intent = req.intent
