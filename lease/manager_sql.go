@@ -124,17 +124,20 @@ FROM (VALUES (1)) AS one (x) LEFT JOIN inserted i ON true`
 	// Extends a live lease only. An expired one cannot be revived: someone
 	// may already have judged it expired and acted (see acquire).
 	// $5 is the mode the caller believes it holds: a Ref edited to claim
-	// another mode matches nothing.
+	// another mode matches nothing. NULL matches either mode: a shared lease
+	// whose own TryUpgrade is in flight or of unknown outcome (see
+	// Lease.matchMode). It returns the mode found.
 	renewSQL = `
 UPDATE {holders} SET expires_at = now() + $4::interval
-WHERE resource = $1 AND token = $2 AND lease_id = $3 AND mode = $5::text AND expires_at > now()
-RETURNING expires_at`
+WHERE resource = $1 AND token = $2 AND lease_id = $3 AND ($5::text IS NULL OR mode = $5::text) AND expires_at > now()
+RETURNING expires_at, mode`
 
 	// Deletes the lease if it is still this acquisition's, expired or not,
-	// and wakes waiters. Returns the number of rows deleted (0 or 1).
+	// and wakes waiters. Returns the number of rows deleted (0 or 1). $5 is
+	// the mode, as for renew (NULL: either).
 	releaseSQL = `
 WITH released AS (
-	DELETE FROM {holders} WHERE resource = $1 AND token = $2 AND lease_id = $3 AND mode = $5::text
+	DELETE FROM {holders} WHERE resource = $1 AND token = $2 AND lease_id = $3 AND ($5::text IS NULL OR mode = $5::text)
 	RETURNING resource
 )
 SELECT count(*) FROM released, LATERAL pg_notify($4, md5(released.resource))`
@@ -200,7 +203,9 @@ WHERE writer_intent IS NOT NULL
 ORDER BY resource`
 
 	// Upgrade, after lockResource: $1 resource, $2 token, $3 lease_id, $4
-	// ttl. Expired other holders are deleted as acquire does (FOR UPDATE
+	// ttl, $5 whether an earlier upgrade of this lease had an unknown outcome
+	// (then a row already exclusive is this lease's own, upgraded: success
+	// again; otherwise a Ref edited to claim Shared matches nothing). Expired other holders are deleted as acquire does (FOR UPDATE
 	// re-checks them against concurrent renewals); every other row left
 	// blocks. The final row always exists: expires_at is NULL when refused,
 	// mine says whether this lease is still a live shared holder.
@@ -216,7 +221,8 @@ WITH expired AS (
 ),
 mine AS (
 	SELECT 1 FROM {holders}
-	WHERE resource = $1 AND token = $2 AND lease_id = $3 AND mode = 'shared' AND expires_at > now()
+	WHERE resource = $1 AND token = $2 AND lease_id = $3 AND expires_at > now()
+	  AND (mode = 'shared' OR $5::bool)
 ),
 upgraded AS (
 	UPDATE {holders} SET mode = 'exclusive', expires_at = now() + $4::interval

@@ -19,10 +19,12 @@ import (
 )
 
 // onBatch is a pgx tracer that calls fire, once, just before the first batch
-// with an argument equal to arg is sent: it lets a test cut the network at
-// an exact step of a multi-statement call, without timing.
+// with an argument equal to arg is sent, unless held is set: it lets a test
+// cut the network at an exact step of a multi-statement call, without
+// timing.
 type onBatch struct {
 	arg   string
+	held  atomic.Bool
 	fired atomic.Bool
 	fire  func()
 }
@@ -34,7 +36,7 @@ func (o *onBatch) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndDat
 func (o *onBatch) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
 	for _, q := range data.Batch.QueuedQueries {
 		for _, a := range q.Arguments {
-			if s, ok := a.(string); ok && s == o.arg && o.fired.CompareAndSwap(false, true) {
+			if s, ok := a.(string); ok && s == o.arg && !o.held.Load() && o.fired.CompareAndSwap(false, true) {
 				o.fire()
 				return ctx
 			}
