@@ -187,9 +187,12 @@ func NewManager(pool *pgxpool.Pool, cfg ManagerConfig) (*Manager, error) {
 		releaseTimeout: cfg.ReleaseTimeout,
 		obs:            newObserver(FormManager, cfg.Tracer, cfg.Logger),
 	}
+	// One pass: a configured name that contains a placeholder, such as
+	// "t{next_fence}", is quoted into the SQL and never substituted again.
 	m.q = newManagerSQL(strings.NewReplacer(
 		"{holders}", m.holders, "{resources}", m.resources,
 		"{owner_idx}", quote(names.ownerIndex), "{expiry_idx}", quote(names.expiryIndex),
+		"{next_fence}", nextTokenSQL("r.fence"),
 	))
 	m.q.upToDate = relationsExistSQL
 	m.q.upToDateArgs = []any{m.holders, m.resources, qualify(cfg.Schema, names.ownerIndex), qualify(cfg.Schema, names.expiryIndex)}

@@ -3,7 +3,8 @@ package lease
 import "strings"
 
 // The lock-manager statements. Placeholders: {holders} and {resources} are the
-// quoted, qualified table names. Values are always bind parameters; the
+// quoted, qualified table names; {next_fence} is the next token
+// (nextTokenSQL). newManagerSQL substitutes them all in one pass. Values are always bind parameters; the
 // channel name travels as a value to pg_notify, and the payload is
 // md5(resource) (see wakeKey).
 //
@@ -27,7 +28,7 @@ type managerSQL struct {
 func newManagerSQL(r *strings.Replacer) managerSQL {
 	return managerSQL{
 		lockResource: r.Replace(lockResourceSQL),
-		acquire:      strings.ReplaceAll(r.Replace(acquireSQL), "{next_fence}", nextTokenSQL("r.fence")),
+		acquire:      r.Replace(acquireSQL),
 		renew:        r.Replace(renewSQL),
 		release:      r.Replace(releaseSQL),
 		giveBack:     r.Replace(giveBackSQL),
