@@ -61,6 +61,8 @@ type Error struct {
 	Op       string // "acquire", "try acquire", "renew", "release", ...
 	Resource string // resource name or row id; empty for table-wide operations
 	Err      error
+
+	asIs bool // Err's text includes the caller's (Do's callback): print it unedited
 }
 
 // Error renders "lease: <op> \"<resource>\": <cause>" (without the resource for
@@ -68,7 +70,10 @@ type Error struct {
 func (e *Error) Error() string {
 	// The sentinels already carry the "lease: " prefix; do not print it twice.
 	msg := "<nil>"
-	if e.Err != nil {
+	switch {
+	case e.Err != nil && e.asIs:
+		msg = e.Err.Error()
+	case e.Err != nil:
 		msg = strings.ReplaceAll(e.Err.Error(), "lease: ", "")
 	}
 	if e.Resource == "" {

@@ -38,7 +38,13 @@ type ManagerConfig struct {
 	// 3*PollInterval and is refreshed at each attempt. Default 1s.
 	PollInterval time.Duration
 	// Channel for LISTEN/NOTIFY. Default "pgxlock_lease_" + 16 hex digits
-	// derived from the qualified table name, so two tables never share one.
+	// derived from the table name as configured (Schema and Table), so two
+	// tables configured with different names never share one. The name is
+	// not resolved: with Schema empty, two tables of the same name in
+	// different schemas, reached through different search_paths, share a
+	// channel. That costs wake-ups, not correctness (a waiter woken by the
+	// other table's release tries again and finds its own resource still
+	// held); set Schema, or Channel, to keep them apart.
 	Channel string
 	// ReleaseTimeout bounds the release Do runs after its callback, the
 	// give-back after an acquisition whose outcome is unknown, the clearing
