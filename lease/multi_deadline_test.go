@@ -80,9 +80,9 @@ func TestAcquireAllDeadlineThroughFrozenNetwork(t *testing.T) {
 			ctx := testCtx(t)
 			newManager(t, p1, schema, lease.ManagerConfig{TTL: time.Minute})
 			proxy := newFreezeProxy(t, p1.Config().ConnConfig.Host, p1.Config().ConnConfig.Port)
-			t.Cleanup(func() { proxy.frozen.Store(false) }) // runs before the pool's checks
 			// Frozen just before the acquisition of a2 is sent: a1 is held.
 			via := viaPool(t, int(proxy.port), &onBatch{arg: "a2", fire: func() { proxy.frozen.Store(true) }})
+			t.Cleanup(func() { proxy.frozen.Store(false) }) // runs before the pool's checks
 			m, err := lease.NewManager(via, lease.ManagerConfig{Schema: schema, TTL: time.Minute, ReleaseTimeout: releaseTimeout})
 			require.NoError(t, err)
 
