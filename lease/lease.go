@@ -181,14 +181,19 @@ func (l *Lease) Release(ctx context.Context) error {
 // never deadlocked), ErrLeaseLost if this lease is no longer live, and
 // ErrInvalid if it is not Shared. The fencing token is unchanged: it is
 // already greater than every earlier writer's, and every later writer's will
-// be greater still. ctx governs the one round trip. Renewals and a Release
-// that run while it does (Do's renewals, say) match the row in either mode,
-// so they never report the upgrade as a loss. If its outcome is unknown (the
-// reply was lost, or ctx ended after sending), the lease still renews and
-// releases whichever mode its row ended in, and Mode reports Exclusive once
-// a Renew finds the row exclusive or a repeated TryUpgrade succeeds (it
-// does if the lost one had). To wait for the other
-// readers, release and Acquire exclusively instead (see the package
+// be greater still. ctx governs the one round trip.
+//
+// A Renew or Release of this lease that races with it (Do's renewals, say)
+// matches the row whether or not the upgrade has committed, so it never
+// reports the upgrade as a loss. If its outcome is unknown (the reply was
+// lost, or ctx ended after sending), the lease still renews and releases
+// whichever mode its row ended in, and Mode reports Exclusive once a Renew
+// finds the row exclusive or a repeated TryUpgrade succeeds (it does if the
+// lost one had). Until then its Ref names Shared, and a lease resumed from
+// that Ref cannot renew or release a row the lost upgrade turned exclusive:
+// resolve first (Renew), then take the Ref.
+//
+// To wait for the other readers, release and Acquire exclusively instead (see the package
 // documentation: an Acquire(Exclusive) while holding Shared waits for itself).
 func (l *Lease) TryUpgrade(ctx context.Context) error {
 	const op = "try upgrade"

@@ -168,10 +168,17 @@ func TestTryUpgradeLostReplyResolved(t *testing.T) {
 			require.Len(t, hs, 1)
 			require.Equal(t, lease.Exclusive, hs[0].Mode, "the upgrade committed on the server")
 
+			require.Equal(t, lease.Shared, l.Mode(), "unresolved")
+			early, err := m.Resume(l.Ref())
+			require.NoError(t, err)
+			require.ErrorIs(t, early.Renew(ctx), lease.ErrLeaseLost, "an unresolved lease's Ref names Shared")
 			switch first {
 			case "renew":
 				require.NoError(t, l.Renew(ctx), "renew resolves the upgrade")
 				assert.Equal(t, lease.Exclusive, l.Mode())
+				resumed, err := m.Resume(l.Ref())
+				require.NoError(t, err)
+				require.NoError(t, resumed.Renew(ctx), "once resolved, the Ref names Exclusive")
 			case "upgrade again":
 				require.NoError(t, l.TryUpgrade(ctx), "the row is this lease's own, already exclusive")
 				assert.Equal(t, lease.Exclusive, l.Mode())
