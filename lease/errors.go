@@ -233,13 +233,17 @@ func checkTable(name string) error {
 	return nil
 }
 
-// checkMetadata accepts JSON that a jsonb column can store: valid JSON with
-// no \u0000 in any string or key (jsonb rejects it with 22P05), no unpaired
+// checkMetadata accepts JSON that a jsonb column can store: valid JSON in
+// valid UTF-8, with no \u0000 in any string or key (jsonb rejects it with
+// 22P05), no unpaired
 // UTF-16 surrogate escape (22P02), and no number outside PostgreSQL's numeric
 // range (22003; see checkNumber).
 func checkMetadata(raw []byte) error {
 	if !json.Valid(raw) {
 		return fmt.Errorf("%w: metadata is not valid JSON", ErrInvalid)
+	}
+	if !utf8.Valid(raw) { // json.Valid accepts any bytes in a string; text does not (22021)
+		return fmt.Errorf("%w: metadata is not valid UTF-8", ErrInvalid)
 	}
 	if err := checkJSONTokens(raw); err != nil {
 		return fmt.Errorf("%w: metadata %w", ErrInvalid, err)
