@@ -46,10 +46,10 @@ var (
 	// oversized resource, a TTL below MinTTL, a renew interval that does not
 	// fit inside the TTL, an invalid identifier (or a schema-qualified table
 	// name: use the Schema field), an unknown mode, metadata that is not JSON
-	// or that jsonb cannot store (a \u0000 escape, an unpaired UTF-16
-	// surrogate escape, a number outside numeric's range), a nil, typed-nil,
-	// NUL or invalid UTF-8 row id or Fence.Update key, a NUL byte or invalid
-	// UTF-8 in a List or ListIntents filter.
+	// or that jsonb cannot store (invalid UTF-8, a \u0000 escape, an
+	// unpaired UTF-16 surrogate escape, a number outside numeric's range),
+	// a nil, typed-nil, NUL or invalid UTF-8 row id or Fence.Update key, a
+	// NUL byte or invalid UTF-8 in a List or ListIntents filter.
 	ErrInvalid = errors.New("lease: invalid argument")
 )
 
