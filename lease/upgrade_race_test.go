@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgxlock/pgxlock/internal/pgtest"
 	"github.com/pgxlock/pgxlock/lease"
 )
 
@@ -188,6 +190,37 @@ func TestTryUpgradeLostReplyResolved(t *testing.T) {
 			r, err := observer.TryAcquire(ctx, "r", &lease.AcquireOptions{Mode: lease.Shared})
 			require.NoError(t, err, "other readers are not refused")
 			require.NoError(t, r.Release(ctx))
+		})
+	}
+}
+
+// Issue 21 item 5, on every pgx QueryExecMode: the renewal and release
+// statements take a NULL mode (either) while an upgrade is in flight, and
+// the upgrade a bool; each mode must send them as meant.
+func TestUpgradeRenewReleaseEveryExecMode(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	schema := pgtest.Schema(t, admin)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cfg := pgtest.Config(t)
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			m := newManager(t, pgtest.NewPool(t, cfg), schema, lease.ManagerConfig{Table: "t_" + strconv.Itoa(int(mode)), TTL: 5 * time.Second})
+			shared := &lease.AcquireOptions{Mode: lease.Shared}
+			for i := range 20 {
+				err := m.Do(ctx, "r"+strconv.Itoa(i), &lease.DoOptions{Acquire: shared, RenewEvery: time.Millisecond},
+					func(ctx context.Context, l *lease.Lease) error {
+						if err := l.TryUpgrade(ctx); err != nil {
+							return err
+						}
+						return l.Renew(ctx)
+					})
+				require.NoError(t, err)
+			}
+			hs, err := m.List(ctx, &lease.ListOptions{IncludeExpired: true})
+			require.NoError(t, err)
+			assert.Empty(t, hs)
 		})
 	}
 }
