@@ -25,10 +25,43 @@ type Lease struct {
 
 	mu        sync.Mutex
 	expiresAt time.Time
-	upgraded  bool   // Shared turned Exclusive by TryUpgrade
-	upgrading int    // TryUpgrade calls in flight
-	unsure    bool   // a TryUpgrade's outcome is unknown: the row may be either mode
-	upgrades  uint64 // TryUpgrade calls started, ever
+	upgraded  bool          // Shared turned Exclusive by TryUpgrade
+	upgrading int           // TryUpgrade calls in flight
+	unsure    bool          // a TryUpgrade's outcome is unknown: the row may be either mode
+	upgrades  uint64        // TryUpgrade calls started, ever
+	stmtBusy  bool          // a Renew or TryUpgrade of this lease is in flight
+	stmtFree  chan struct{} // closed when that one ends
+}
+
+// beginStmt waits (within ctx) until no other Renew or TryUpgrade of this
+// Lease value is in flight, and claims the turn; endStmt gives it back. The
+// two statements update the same row: run at once, the upgrade would wait
+// for the renewal's row lock, and past TryLockTimeout (a loaded server)
+// report the lease busy because of its own renewal. Nothing is sent while
+// waiting, so an error here has a known outcome.
+func (l *Lease) beginStmt(ctx context.Context) error {
+	for {
+		l.mu.Lock()
+		if !l.stmtBusy {
+			l.stmtBusy, l.stmtFree = true, make(chan struct{})
+			l.mu.Unlock()
+			return nil
+		}
+		free := l.stmtFree
+		l.mu.Unlock()
+		select {
+		case <-free:
+		case <-ctx.Done():
+			return errNothingSent{context.Cause(ctx)}
+		}
+	}
+}
+
+func (l *Lease) endStmt() {
+	l.mu.Lock()
+	l.stmtBusy = false
+	close(l.stmtFree)
+	l.mu.Unlock()
 }
 
 // Resource returns the leased resource name.
@@ -123,6 +156,10 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 			})
 		})
 	}
+	if err = l.beginStmt(ctx); err != nil {
+		return opError("renew", l.resource, err)
+	}
+	defer l.endStmt()
 	match, upgrades := l.matchMode()
 	err = renew(match)
 	if err == nil && expiry == nil {
@@ -183,9 +220,12 @@ func (l *Lease) Release(ctx context.Context) error {
 // already greater than every earlier writer's, and every later writer's will
 // be greater still. ctx governs the one round trip.
 //
-// A Renew or Release of this lease that races with it (Do's renewals, say)
-// matches the row whether or not the upgrade has committed, so it never
-// reports the upgrade as a loss. If its outcome is unknown (the reply was
+// A Renew of this Lease value and TryUpgrade take turns (the one that comes
+// second waits, within its ctx, for the other's round trip), so an upgrade
+// is never refused because of its own renewal's row lock; a Renew or
+// Release that races with it (Do's renewals, say) matches the row whether
+// or not the upgrade has committed, so it never reports the upgrade as a
+// loss. If its outcome is unknown (the reply was
 // lost, or ctx ended after sending), the lease still renews and releases
 // whichever mode its row ended in, and Mode reports Exclusive once a Renew
 // finds the row exclusive or a repeated TryUpgrade succeeds (it does if the
@@ -197,8 +237,15 @@ func (l *Lease) Release(ctx context.Context) error {
 // documentation: an Acquire(Exclusive) while holding Shared waits for itself).
 func (l *Lease) TryUpgrade(ctx context.Context) error {
 	const op = "try upgrade"
+	if l.Mode() != Shared {
+		return opError(op, l.resource, fmt.Errorf("%w: only a shared lease can be upgraded", ErrInvalid))
+	}
+	if err := l.beginStmt(ctx); err != nil {
+		return opError(op, l.resource, err)
+	}
+	defer l.endStmt()
 	l.mu.Lock()
-	if l.upgraded || l.mode != Shared {
+	if l.upgraded { // a concurrent TryUpgrade, or a Renew, got there first
 		l.mu.Unlock()
 		return opError(op, l.resource, fmt.Errorf("%w: only a shared lease can be upgraded", ErrInvalid))
 	}
