@@ -47,10 +47,12 @@ type DoOptions struct {
 // context.WithoutCancel(ctx) bounded by ReleaseTimeout, also when fn panics
 // (the panic then continues). A release that fails on the connection rather
 // than in the database (a pooled connection found dead after the work) is
-// retried on another connection within that bound. Do returns fn's error,
-// joined with the loss (wrapping ErrLeaseLost, even if fn returned nil: its
-// work was not protected to the end) and with a release failure (wrapping
-// ErrNotReleased and its cause: the lease may stay held until its TTL).
+// retried on another connection within that bound. Do returns nil, or an
+// [*Error] (Op "do", the resource) wrapping fn's error, joined with the loss
+// (wrapping ErrLeaseLost, even if fn returned nil: its work was not
+// protected to the end) and with a release failure (wrapping ErrNotReleased
+// and its cause: the lease may stay held until its TTL). errors.Is finds
+// fn's error in it, and its text is fn's error's text unedited.
 func (m *Manager) Do(ctx context.Context, resource string, opts *DoOptions, fn func(ctx context.Context, l *Lease) error) error {
 	return m.do(ctx, "do", resource, opts, m.Acquire, fn)
 }
@@ -80,7 +82,7 @@ func (m *Manager) do(ctx context.Context, op, resource string, opts *DoOptions, 
 	if err != nil {
 		return err
 	}
-	return run(ctx, l.keepAlive(), s, func(ctx context.Context) error { return fn(ctx, l) })
+	return run(ctx, op, l.keepAlive(), s, func(ctx context.Context) error { return fn(ctx, l) })
 }
 
 // TryDo claims the row (as TryAcquire), runs fn, and releases, renewing in
@@ -95,7 +97,7 @@ func (c *Column) TryDo(ctx context.Context, id any, opts *DoOptions, fn func(ctx
 	if err != nil {
 		return err
 	}
-	return run(ctx, l.keepAlive(), s, func(ctx context.Context) error { return fn(ctx, l) })
+	return run(ctx, "try do", l.keepAlive(), s, func(ctx context.Context) error { return fn(ctx, l) })
 }
 
 // schedule is a validated renewal plan.
@@ -135,8 +137,10 @@ type keepAlive struct {
 }
 
 // run is the body shared by every Do form: keeper goroutine, callback,
-// ordered shutdown, bounded release, error assembly.
-func run(ctx context.Context, k keepAlive, s schedule, fn func(context.Context) error) error {
+// ordered shutdown, bounded release, error assembly. A non-nil result is an
+// *Error named op, so that errors.As finds one even when fn's own error is
+// the only cause.
+func run(ctx context.Context, op string, k keepAlive, s schedule, fn func(context.Context) error) error {
 	fctx, cancelFn := context.WithCancelCause(ctx)
 	defer cancelFn(nil)
 	kctx, stopKeeper := context.WithCancel(ctx)
@@ -177,7 +181,13 @@ func run(ctx context.Context, k keepAlive, s schedule, fn func(context.Context) 
 	default: // the lease may still be held, until its TTL
 		errs = append(errs, fmt.Errorf("%w: %w", ErrNotReleased, relErr))
 	}
-	return errors.Join(errs...)
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return &Error{Op: op, Resource: clip(k.resource), Err: errs[0], asIs: true}
+	}
+	return &Error{Op: op, Resource: clip(k.resource), Err: errors.Join(errs...), asIs: true}
 }
 
 // releaseTries bounds how many connections releaseRetrying tries. A pool

@@ -334,10 +334,11 @@
 // for, and the release runs under context.WithoutCancel with a bounded
 // timeout, so a cancelled caller still releases; a release that fails on a
 // dead pooled connection is retried on another within that bound. Do
-// returns the callback's error joined with the loss (even when the callback
-// returned nil: its work was not protected to the end) and with a release
-// that failed for good, wrapping [ErrNotReleased]: "the external calls
-// succeeded, the release failed", the lease stays until its TTL.
+// returns an [*Error] wrapping the callback's error joined with the loss
+// (even when the callback returned nil: its work was not protected to the
+// end) and with a release that failed for good, wrapping [ErrNotReleased]:
+// "the external calls succeeded, the release failed", the lease stays until
+// its TTL.
 //
 // # Do not map the lock columns in an ORM
 //

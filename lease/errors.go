@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -45,8 +46,10 @@ var (
 	// oversized resource, a TTL below MinTTL, a renew interval that does not
 	// fit inside the TTL, an invalid identifier (or a schema-qualified table
 	// name: use the Schema field), an unknown mode, metadata that is not JSON
-	// or that jsonb cannot store (a \u0000 escape), a nil, typed-nil, NUL or
-	// invalid UTF-8 row id.
+	// or that jsonb cannot store (invalid UTF-8, a \u0000 escape, an
+	// unpaired UTF-16 surrogate escape, a number outside numeric's range),
+	// a nil, typed-nil, NUL or invalid UTF-8 row id or Fence.Update key, a
+	// NUL byte or invalid UTF-8 in a List or ListIntents filter.
 	ErrInvalid = errors.New("lease: invalid argument")
 )
 
@@ -58,6 +61,8 @@ type Error struct {
 	Op       string // "acquire", "try acquire", "renew", "release", ...
 	Resource string // resource name or row id; empty for table-wide operations
 	Err      error
+
+	asIs bool // Err's text includes the caller's (Do's callback): print it unedited
 }
 
 // Error renders "lease: <op> \"<resource>\": <cause>" (without the resource for
@@ -65,7 +70,10 @@ type Error struct {
 func (e *Error) Error() string {
 	// The sentinels already carry the "lease: " prefix; do not print it twice.
 	msg := "<nil>"
-	if e.Err != nil {
+	switch {
+	case e.Err != nil && e.asIs:
+		msg = e.Err.Error()
+	case e.Err != nil:
 		msg = strings.ReplaceAll(e.Err.Error(), "lease: ", "")
 	}
 	if e.Resource == "" {
@@ -215,6 +223,9 @@ func outcomeUnknown(err error) bool {
 // identifier to PostgreSQL (a table literally named so), which is never what
 // was meant. The schema goes in the Schema field.
 func checkTable(name string) error {
+	if len(name) > maxIdentifierLen { // reported, without the name, by checkIdentifier
+		return nil
+	}
 	if strings.Contains(name, ".") {
 		return fmt.Errorf("%w: table %q contains a dot; put the schema in the Schema field (Schema: %q, Table: %q)",
 			ErrInvalid, name, name[:strings.Index(name, ".")], name[strings.Index(name, ".")+1:])
@@ -222,11 +233,20 @@ func checkTable(name string) error {
 	return nil
 }
 
-// checkMetadata accepts JSON that a jsonb column can store: valid JSON with
-// no \u0000 in any string or key (jsonb rejects it with 22P05).
+// checkMetadata accepts JSON that a jsonb column can store: valid JSON in
+// valid UTF-8, with no \u0000 in any string or key (jsonb rejects it with
+// 22P05), no unpaired
+// UTF-16 surrogate escape (22P02), and no number outside PostgreSQL's numeric
+// range (22003; see checkNumber).
 func checkMetadata(raw []byte) error {
 	if !json.Valid(raw) {
 		return fmt.Errorf("%w: metadata is not valid JSON", ErrInvalid)
+	}
+	if !utf8.Valid(raw) { // json.Valid accepts any bytes in a string; text does not (22021)
+		return fmt.Errorf("%w: metadata is not valid UTF-8", ErrInvalid)
+	}
+	if err := checkJSONTokens(raw); err != nil {
+		return fmt.Errorf("%w: metadata %w", ErrInvalid, err)
 	}
 	if !bytes.Contains(raw, []byte(`\u0000`)) {
 		return nil
@@ -237,6 +257,93 @@ func checkMetadata(raw []byte) error {
 	}
 	if hasNUL(v) {
 		return fmt.Errorf("%w: metadata contains \\u0000, which jsonb cannot store", ErrInvalid)
+	}
+	return nil
+}
+
+// checkJSONTokens scans valid JSON for what encoding/json accepts and jsonb
+// refuses: a \u escape of a UTF-16 surrogate that is not part of a pair
+// (encoding/json silently turns it into U+FFFD), and a number numeric cannot
+// hold. Outside strings, a JSON number is the only token that starts with
+// '-' or a digit.
+func checkJSONTokens(raw []byte) error {
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; {
+		case c == '"':
+			for i++; raw[i] != '"'; i++ {
+				if raw[i] != '\\' {
+					continue
+				}
+				i++
+				if raw[i] != 'u' {
+					continue
+				}
+				r, _ := strconv.ParseUint(string(raw[i+1:i+5]), 16, 32)
+				i += 4
+				switch {
+				case r >= 0xDC00 && r <= 0xDFFF:
+					return errors.New("contains an unpaired UTF-16 surrogate escape, which jsonb cannot store")
+				case r >= 0xD800 && r <= 0xDBFF:
+					if i+6 >= len(raw) || raw[i+1] != '\\' || raw[i+2] != 'u' {
+						return errors.New("contains an unpaired UTF-16 surrogate escape, which jsonb cannot store")
+					}
+					lo, _ := strconv.ParseUint(string(raw[i+3:i+7]), 16, 32)
+					if lo < 0xDC00 || lo > 0xDFFF {
+						return errors.New("contains an unpaired UTF-16 surrogate escape, which jsonb cannot store")
+					}
+					i += 6
+				}
+			}
+		case c == '-' || c >= '0' && c <= '9':
+			j := i
+			for j < len(raw) && strings.IndexByte("+-.eE0123456789", raw[j]) >= 0 {
+				j++
+			}
+			if err := checkNumber(string(raw[i:j])); err != nil {
+				return err
+			}
+			i = j - 1
+		}
+	}
+	return nil
+}
+
+// PostgreSQL's numeric range: up to 131072 digits before the decimal point
+// and 16383 after it; an exponent's magnitude below INT_MAX/2.
+const (
+	maxNumericIntDigits  = 131072
+	maxNumericFracDigits = 16383
+	maxNumericExponent   = 1<<30 - 1
+)
+
+// checkNumber refuses a JSON number (valid syntax) that jsonb would store as
+// a numeric out of range (22003), as numeric_in counts: the scale is the
+// digits written after the point minus the exponent, and the integer digits
+// are those from the most significant non-zero digit to the point.
+func checkNumber(num string) error {
+	tooBig := fmt.Errorf("contains a number outside PostgreSQL's numeric range (%s)", clip(num))
+	mant, exp := num, int64(0)
+	if k := strings.IndexAny(num, "eE"); k >= 0 {
+		mant = num[:k]
+		e, err := strconv.ParseInt(strings.TrimPrefix(num[k+1:], "+"), 10, 64)
+		if err != nil || e >= maxNumericExponent || e <= -maxNumericExponent {
+			return tooBig
+		}
+		exp = e
+	}
+	mant = strings.TrimPrefix(mant, "-")
+	intPart, frac, _ := strings.Cut(mant, ".")
+	if int64(len(frac))-exp > maxNumericFracDigits {
+		return tooBig
+	}
+	digits := strings.TrimLeft(intPart+frac, "0")
+	if digits == "" { // zero
+		return nil
+	}
+	// Decimal exponent of the most significant digit, plus one: the count
+	// of digits before the point.
+	if int64(len(digits)-len(frac))+exp > maxNumericIntDigits {
+		return tooBig
 	}
 	return nil
 }

@@ -83,10 +83,15 @@ type Querier interface {
 // Column names are quoted; values are bind parameters. ctx governs the
 // statement. It returns ErrLeaseLost (stale token: a later holder has
 // written), ErrNotFound (no such row) or ErrInvalid (no columns, bad names,
-// or the token column among them).
+// the token column among them, or a key refused as a column lease's row id
+// is: nil, typed nil, a string with a NUL byte or invalid UTF-8, or longer
+// than MaxResourceLen), found before any SQL is sent.
 func (f *Fence) Update(ctx context.Context, db Querier, key any, token int64, set map[string]any) error {
 	const op = "fenced update"
-	resource := fmt.Sprint(key)
+	resource := resourceOf(key)
+	if err := checkID(key); err != nil {
+		return opError(op, resource, err)
+	}
 	if len(set) == 0 {
 		return opError(op, resource, fmt.Errorf("%w: no columns to set", ErrInvalid))
 	}

@@ -60,6 +60,22 @@ type ListOptions struct {
 	IncludeExpired bool   // also leases past their expiry that nobody removed yet
 }
 
+// check refuses filters no row can match and PostgreSQL would reject (22021):
+// a NUL byte or invalid UTF-8, or one longer than MaxResourceLen.
+func (o *ListOptions) check(owner bool) error {
+	if o.Resource != "" {
+		if err := checkText("resource filter", o.Resource, MaxResourceLen); err != nil {
+			return err
+		}
+	}
+	if owner && o.Owner != "" {
+		if err := checkText("owner filter", o.Owner, MaxResourceLen); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Holder is one row of the lock-manager table, as seen by List. Times are
 // the database's.
 type Holder struct {
@@ -75,11 +91,15 @@ type Holder struct {
 
 // List returns the leases in the table ordered by resource and token. It is a
 // snapshot: by the time it returns, leases may have come and gone. ctx
-// governs the one query.
+// governs the one query. A filter with a NUL byte or invalid UTF-8, or
+// longer than MaxResourceLen, is ErrInvalid.
 func (m *Manager) List(ctx context.Context, opts *ListOptions) ([]Holder, error) {
 	const op = "list"
 	if opts == nil {
 		opts = &ListOptions{}
+	}
+	if err := opts.check(true); err != nil {
+		return nil, opError(op, opts.Resource, err)
 	}
 	var resource, owner any
 	if opts.Resource != "" {
@@ -137,11 +157,15 @@ type Intent struct {
 // why readers are being refused while List may show no exclusive holder.
 // opts.Resource filters, opts.IncludeExpired adds lapsed intents (a writer
 // that gave up or died), and opts.Owner is ignored (an intent records no
-// owner). It is a snapshot. ctx governs the one query.
+// owner, and is not checked). It is a snapshot. ctx governs the one query.
+// A bad Resource filter is ErrInvalid, as for List.
 func (m *Manager) ListIntents(ctx context.Context, opts *ListOptions) ([]Intent, error) {
 	const op = "list intents"
 	if opts == nil {
 		opts = &ListOptions{}
+	}
+	if err := opts.check(false); err != nil {
+		return nil, opError(op, opts.Resource, err)
 	}
 	var resource any
 	if opts.Resource != "" {

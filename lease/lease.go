@@ -25,7 +25,43 @@ type Lease struct {
 
 	mu        sync.Mutex
 	expiresAt time.Time
-	upgraded  bool // Shared turned Exclusive by TryUpgrade
+	upgraded  bool          // Shared turned Exclusive by TryUpgrade
+	upgrading int           // TryUpgrade calls in flight
+	unsure    bool          // a TryUpgrade's outcome is unknown: the row may be either mode
+	upgrades  uint64        // TryUpgrade calls started, ever
+	stmtBusy  bool          // a Renew or TryUpgrade of this lease is in flight
+	stmtFree  chan struct{} // closed when that one ends
+}
+
+// beginStmt waits (within ctx) until no other Renew or TryUpgrade of this
+// Lease value is in flight, and claims the turn; endStmt gives it back. The
+// two statements update the same row: run at once, the upgrade would wait
+// for the renewal's row lock, and past TryLockTimeout (a loaded server)
+// report the lease busy because of its own renewal. Nothing is sent while
+// waiting, so an error here has a known outcome.
+func (l *Lease) beginStmt(ctx context.Context) error {
+	for {
+		l.mu.Lock()
+		if !l.stmtBusy {
+			l.stmtBusy, l.stmtFree = true, make(chan struct{})
+			l.mu.Unlock()
+			return nil
+		}
+		free := l.stmtFree
+		l.mu.Unlock()
+		select {
+		case <-free:
+		case <-ctx.Done():
+			return errNothingSent{context.Cause(ctx)}
+		}
+	}
+}
+
+func (l *Lease) endStmt() {
+	l.mu.Lock()
+	l.stmtBusy = false
+	close(l.stmtFree)
+	l.mu.Unlock()
 }
 
 // Resource returns the leased resource name.
@@ -34,7 +70,9 @@ func (l *Lease) Resource() string { return l.resource }
 // Owner returns the owner label stored with the lease.
 func (l *Lease) Owner() string { return l.owner }
 
-// Mode returns the lease's mode: Exclusive after a successful TryUpgrade.
+// Mode returns the lease's mode: Exclusive after a successful TryUpgrade,
+// and after a TryUpgrade whose outcome was unknown (a lost reply) once a
+// Renew has found the row exclusive.
 func (l *Lease) Mode() Mode {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -63,6 +101,43 @@ func (l *Lease) ExpiresAt() time.Time {
 	return l.expiresAt
 }
 
+// matchMode is the mode Renew and Release require of the row: nil for either
+// mode while a TryUpgrade of this Shared lease is in flight or ended with an
+// unknown outcome (only this lease's own upgrade can turn its row
+// exclusive), else the mode the lease holds. It also returns how many
+// upgrades had started: a statement that finds no row after an upgrade
+// started since may have lost a race with it, and is retried once with the
+// mode matched anew (see retryMode).
+func (l *Lease) matchMode() (any, uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.upgraded:
+		return Exclusive.String(), l.upgrades
+	case l.mode == Shared && (l.upgrading > 0 || l.unsure):
+		return nil, l.upgrades
+	}
+	return l.mode.String(), l.upgrades
+}
+
+// retryMode reports whether a statement that matched mode, with upgrades
+// started as of then, and found no row should run again with the mode
+// matched now: an upgrade started since and changed what the row may be.
+func (l *Lease) retryMode(mode any, upgrades uint64) (any, bool) {
+	now, n := l.matchMode()
+	return now, n != upgrades && now != mode
+}
+
+// sawMode records the mode a statement found the row in: a Shared lease
+// whose row is exclusive was upgraded by its own TryUpgrade.
+func (l *Lease) sawMode(mode string) {
+	if mode == Exclusive.String() && l.mode == Shared {
+		l.mu.Lock()
+		l.upgraded, l.unsure = true, false
+		l.mu.Unlock()
+	}
+}
+
 // Renew extends the lease to the database's now() + TTL. ctx governs the one
 // statement. It returns ErrLeaseLost if the lease expired (even if nobody has
 // taken it), was released, swept or taken over.
@@ -70,20 +145,35 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 	start := time.Now()
 	defer func() { l.m.obs.renewed(ctx, l.resource, l.token, start, err) }()
 	var expiry *time.Time
-	err = exec(ctx, l.m.pool, l.m.releaseTimeout, waitCtx, func(b *pgx.Batch) {
-		b.Queue(l.m.q.renew, l.resource, l.token, l.id, l.ttl, l.Mode().String()).QueryRow(func(row pgx.Row) error {
-			if err := row.Scan(&expiry); !errors.Is(err, pgx.ErrNoRows) {
-				return err
-			}
-			return nil
+	var mode string
+	renew := func(match any) error {
+		return exec(ctx, l.m.pool, l.m.releaseTimeout, waitCtx, func(b *pgx.Batch) {
+			b.Queue(l.m.q.renew, l.resource, l.token, l.id, l.ttl, match).QueryRow(func(row pgx.Row) error {
+				if err := row.Scan(&expiry, &mode); !errors.Is(err, pgx.ErrNoRows) {
+					return err
+				}
+				return nil
+			})
 		})
-	})
+	}
+	if err = l.beginStmt(ctx); err != nil {
+		return opError("renew", l.resource, err)
+	}
+	defer l.endStmt()
+	match, upgrades := l.matchMode()
+	err = renew(match)
+	if err == nil && expiry == nil {
+		if again, retry := l.retryMode(match, upgrades); retry {
+			err = renew(again)
+		}
+	}
 	switch {
 	case err != nil:
 		return opError("renew", l.resource, err)
 	case expiry == nil:
 		return opError("renew", l.resource, ErrLeaseLost)
 	}
+	l.sawMode(mode)
 	l.mu.Lock()
 	l.expiresAt = *expiry
 	l.mu.Unlock()
@@ -98,11 +188,20 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 // succeeds.
 func (l *Lease) Release(ctx context.Context) error {
 	var n int64
-	err := exec(ctx, l.m.pool, l.m.releaseTimeout, waitCtx, func(b *pgx.Batch) {
-		b.Queue(l.m.q.release, l.resource, l.token, l.id, l.m.channel, l.Mode().String()).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&n)
+	release := func(match any) error {
+		return exec(ctx, l.m.pool, l.m.releaseTimeout, waitCtx, func(b *pgx.Batch) {
+			b.Queue(l.m.q.release, l.resource, l.token, l.id, l.m.channel, match).QueryRow(func(row pgx.Row) error {
+				return row.Scan(&n)
+			})
 		})
-	})
+	}
+	match, upgrades := l.matchMode()
+	err := release(match)
+	if err == nil && n == 0 {
+		if again, retry := l.retryMode(match, upgrades); retry {
+			err = release(again)
+		}
+	}
 	if err != nil {
 		return opError("release", l.resource, err)
 	}
@@ -119,22 +218,60 @@ func (l *Lease) Release(ctx context.Context) error {
 // never deadlocked), ErrLeaseLost if this lease is no longer live, and
 // ErrInvalid if it is not Shared. The fencing token is unchanged: it is
 // already greater than every earlier writer's, and every later writer's will
-// be greater still. ctx governs the one round trip. To wait for the other
-// readers, release and Acquire exclusively instead (see the package
+// be greater still. ctx governs the one round trip.
+//
+// A Renew of this Lease value and TryUpgrade take turns (the one that comes
+// second waits, within its ctx, for the other's round trip), so an upgrade
+// is never refused because of its own renewal's row lock; a Renew or
+// Release that races with it (Do's renewals, say) matches the row whether
+// or not the upgrade has committed, so it never reports the upgrade as a
+// loss. If its outcome is unknown (the reply was
+// lost, or ctx ended after sending), the lease still renews and releases
+// whichever mode its row ended in, and Mode reports Exclusive once a Renew
+// finds the row exclusive or a repeated TryUpgrade succeeds (it does if the
+// lost one had). Until then its Ref names Shared, and a lease resumed from
+// that Ref cannot renew or release a row the lost upgrade turned exclusive:
+// resolve first (Renew), then take the Ref.
+//
+// To wait for the other readers, release and Acquire exclusively instead (see the package
 // documentation: an Acquire(Exclusive) while holding Shared waits for itself).
 func (l *Lease) TryUpgrade(ctx context.Context) error {
 	const op = "try upgrade"
 	if l.Mode() != Shared {
 		return opError(op, l.resource, fmt.Errorf("%w: only a shared lease can be upgraded", ErrInvalid))
 	}
+	if err := l.beginStmt(ctx); err != nil {
+		return opError(op, l.resource, err)
+	}
+	defer l.endStmt()
+	l.mu.Lock()
+	if l.upgraded { // a concurrent TryUpgrade, or a Renew, got there first
+		l.mu.Unlock()
+		return opError(op, l.resource, fmt.Errorf("%w: only a shared lease can be upgraded", ErrInvalid))
+	}
+	// An earlier upgrade of unknown outcome may have turned the row
+	// exclusive already: then this one finds it so, and succeeds.
+	unsure := l.unsure
+	l.upgrading++
+	l.upgrades++
+	l.mu.Unlock()
 	var expiry *time.Time
 	var mine bool
 	err := exec(ctx, l.m.pool, l.m.releaseTimeout, waitTry, func(b *pgx.Batch) {
 		b.Queue(l.m.q.lockResource, l.resource)
-		b.Queue(l.m.q.upgrade, l.resource, l.token, l.id, l.ttl).QueryRow(func(row pgx.Row) error {
+		b.Queue(l.m.q.upgrade, l.resource, l.token, l.id, l.ttl, unsure).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&expiry, &mine)
 		})
 	})
+	l.mu.Lock()
+	l.upgrading--
+	switch {
+	case err == nil && mine && expiry != nil:
+		l.upgraded, l.unsure, l.expiresAt = true, false, *expiry
+	case outcomeUnknown(err):
+		l.unsure = true
+	}
+	l.mu.Unlock()
 	switch {
 	case isLockTimeout(err):
 		return opError(op, l.resource, errors.Join(ErrNotAcquired, err))
@@ -145,9 +282,6 @@ func (l *Lease) TryUpgrade(ctx context.Context) error {
 	case expiry == nil:
 		return opError(op, l.resource, fmt.Errorf("%w: other holders are live", ErrNotAcquired))
 	}
-	l.mu.Lock()
-	l.upgraded, l.expiresAt = true, *expiry
-	l.mu.Unlock()
 	return nil
 }
 

@@ -38,7 +38,13 @@ type ManagerConfig struct {
 	// 3*PollInterval and is refreshed at each attempt. Default 1s.
 	PollInterval time.Duration
 	// Channel for LISTEN/NOTIFY. Default "pgxlock_lease_" + 16 hex digits
-	// derived from the qualified table name, so two tables never share one.
+	// derived from the table name as configured (Schema and Table), so two
+	// tables configured with different names never share one. The name is
+	// not resolved: with Schema empty, two tables of the same name in
+	// different schemas, reached through different search_paths, share a
+	// channel. That costs wake-ups, not correctness (a waiter woken by the
+	// other table's release tries again and finds its own resource still
+	// held); set Schema, or Channel, to keep them apart.
 	Channel string
 	// ReleaseTimeout bounds the release Do runs after its callback, the
 	// give-back after an acquisition whose outcome is unknown, the clearing
@@ -187,9 +193,12 @@ func NewManager(pool *pgxpool.Pool, cfg ManagerConfig) (*Manager, error) {
 		releaseTimeout: cfg.ReleaseTimeout,
 		obs:            newObserver(FormManager, cfg.Tracer, cfg.Logger),
 	}
+	// One pass: a configured name that contains a placeholder, such as
+	// "t{next_fence}", is quoted into the SQL and never substituted again.
 	m.q = newManagerSQL(strings.NewReplacer(
 		"{holders}", m.holders, "{resources}", m.resources,
 		"{owner_idx}", quote(names.ownerIndex), "{expiry_idx}", quote(names.expiryIndex),
+		"{next_fence}", nextTokenSQL("r.fence"),
 	))
 	m.q.upToDate = relationsExistSQL
 	m.q.upToDateArgs = []any{m.holders, m.resources, qualify(cfg.Schema, names.ownerIndex), qualify(cfg.Schema, names.expiryIndex)}
@@ -273,12 +282,24 @@ func (m *Manager) TryAcquire(ctx context.Context, resource string, opts *Acquire
 	if err != nil {
 		return nil, err
 	}
+	l, cleanup, err := m.tryAcquire(ctx, req)
+	if cleanup != nil {
+		cctx, cancel := pooltx.CleanupContext(ctx, m.releaseTimeout)
+		cleanup(cctx)
+		cancel()
+	}
+	return l, err
+}
+
+// tryAcquire is TryAcquire's attempt; a non-nil cleanup gives back an
+// attempt whose outcome is unknown (see Manager.acquire).
+func (m *Manager) tryAcquire(ctx context.Context, req *request) (*Lease, func(context.Context), error) {
 	req.wait = waitTry
 	l, _, err := m.attempt(ctx, req)
 	if outcomeUnknown(err) {
-		m.giveBack(ctx, req)
+		return l, func(cctx context.Context) { m.giveBack(cctx, req) }, err
 	}
-	return l, err
+	return l, nil, err
 }
 
 // attempt runs the acquisition batch once. On ErrNotAcquired it also returns
@@ -327,7 +348,7 @@ func (m *Manager) attempt(ctx context.Context, req *request) (*Lease, time.Durat
 
 // giveBack deletes the lease row an attempt with an unknown outcome may have
 // created and clears the writer intent the request may have registered
-// (req.intent), under a fresh context bounded by ReleaseTimeout, waking
+// (req.intent), waking
 // waiters if anything went.
 //
 // It first takes the resource lock, like an acquisition: an abandoned attempt
@@ -336,9 +357,10 @@ func (m *Manager) attempt(ctx context.Context, req *request) (*Lease, time.Durat
 // give-back looks, instead of after it. Best effort: if it fails, or the
 // abandoned attempt reaches the server later still, the TTL (or the intent's
 // lifetime) is the safety net.
-func (m *Manager) giveBack(ctx context.Context, req *request) {
-	gctx, cancel := pooltx.CleanupContext(ctx, m.releaseTimeout)
-	defer cancel()
+//
+// gctx is a clean-up context the caller made and bounded (by ReleaseTimeout:
+// pooltx.CleanupContext), so that several give-backs can share one bound.
+func (m *Manager) giveBack(gctx context.Context, req *request) {
 	var intent any
 	if req.intent != "" {
 		intent = req.intent

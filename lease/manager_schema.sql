@@ -5,7 +5,9 @@
 
 -- One row per resource ever leased. Never delete rows here while the
 -- resource may be leased again: fence is the per-resource fencing counter,
--- and deleting the row would restart tokens at 1.
+-- and deleting the row restarts it at 0, so the next token would be the
+-- current timeline's floor, greatest(1, (timeline - 1) << 40) (1 on a server
+-- never promoted; see token.go), whatever tokens were handed out before.
 CREATE TABLE IF NOT EXISTS {resources} (
 	resource            text        PRIMARY KEY,
 	fence               bigint      NOT NULL DEFAULT 0,

@@ -3,7 +3,8 @@ package lease
 import "strings"
 
 // The lock-manager statements. Placeholders: {holders} and {resources} are the
-// quoted, qualified table names. Values are always bind parameters; the
+// quoted, qualified table names; {next_fence} is the next token
+// (nextTokenSQL). newManagerSQL substitutes them all in one pass. Values are always bind parameters; the
 // channel name travels as a value to pg_notify, and the payload is
 // md5(resource) (see wakeKey).
 //
@@ -27,7 +28,7 @@ type managerSQL struct {
 func newManagerSQL(r *strings.Replacer) managerSQL {
 	return managerSQL{
 		lockResource: r.Replace(lockResourceSQL),
-		acquire:      strings.ReplaceAll(r.Replace(acquireSQL), "{next_fence}", nextTokenSQL("r.fence")),
+		acquire:      r.Replace(acquireSQL),
 		renew:        r.Replace(renewSQL),
 		release:      r.Replace(releaseSQL),
 		giveBack:     r.Replace(giveBackSQL),
@@ -124,17 +125,20 @@ FROM (VALUES (1)) AS one (x) LEFT JOIN inserted i ON true`
 	// Extends a live lease only. An expired one cannot be revived: someone
 	// may already have judged it expired and acted (see acquire).
 	// $5 is the mode the caller believes it holds: a Ref edited to claim
-	// another mode matches nothing.
+	// another mode matches nothing. NULL matches either mode: a shared lease
+	// whose own TryUpgrade is in flight or of unknown outcome (see
+	// Lease.matchMode). It returns the mode found.
 	renewSQL = `
 UPDATE {holders} SET expires_at = now() + $4::interval
-WHERE resource = $1 AND token = $2 AND lease_id = $3 AND mode = $5::text AND expires_at > now()
-RETURNING expires_at`
+WHERE resource = $1 AND token = $2 AND lease_id = $3 AND ($5::text IS NULL OR mode = $5::text) AND expires_at > now()
+RETURNING expires_at, mode`
 
 	// Deletes the lease if it is still this acquisition's, expired or not,
-	// and wakes waiters. Returns the number of rows deleted (0 or 1).
+	// and wakes waiters. Returns the number of rows deleted (0 or 1). $5 is
+	// the mode, as for renew (NULL: either).
 	releaseSQL = `
 WITH released AS (
-	DELETE FROM {holders} WHERE resource = $1 AND token = $2 AND lease_id = $3 AND mode = $5::text
+	DELETE FROM {holders} WHERE resource = $1 AND token = $2 AND lease_id = $3 AND ($5::text IS NULL OR mode = $5::text)
 	RETURNING resource
 )
 SELECT count(*) FROM released, LATERAL pg_notify($4, md5(released.resource))`
@@ -200,7 +204,9 @@ WHERE writer_intent IS NOT NULL
 ORDER BY resource`
 
 	// Upgrade, after lockResource: $1 resource, $2 token, $3 lease_id, $4
-	// ttl. Expired other holders are deleted as acquire does (FOR UPDATE
+	// ttl, $5 whether an earlier upgrade of this lease had an unknown outcome
+	// (then a row already exclusive is this lease's own, upgraded: success
+	// again; otherwise a Ref edited to claim Shared matches nothing). Expired other holders are deleted as acquire does (FOR UPDATE
 	// re-checks them against concurrent renewals); every other row left
 	// blocks. The final row always exists: expires_at is NULL when refused,
 	// mine says whether this lease is still a live shared holder.
@@ -216,7 +222,8 @@ WITH expired AS (
 ),
 mine AS (
 	SELECT 1 FROM {holders}
-	WHERE resource = $1 AND token = $2 AND lease_id = $3 AND mode = 'shared' AND expires_at > now()
+	WHERE resource = $1 AND token = $2 AND lease_id = $3 AND expires_at > now()
+	  AND (mode = 'shared' OR $5::bool)
 ),
 upgraded AS (
 	UPDATE {holders} SET mode = 'exclusive', expires_at = now() + $4::interval

@@ -40,19 +40,35 @@ func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOpt
 	if err != nil {
 		return nil, err
 	}
+	l, cleanup, err := m.acquire(ctx, req)
+	if cleanup != nil {
+		cctx, cancel := pooltx.CleanupContext(ctx, m.releaseTimeout)
+		cleanup(cctx)
+		cancel()
+	}
+	return l, err
+}
+
+// acquire is Acquire's wait. A non-nil cleanup is what the caller must run,
+// under a bounded context of its own, before reporting the error: giving
+// back what the request may hold and closing its subscription. AcquireAll
+// runs it concurrently with its other give-backs, under one bound.
+func (m *Manager) acquire(ctx context.Context, req *request) (*Lease, func(context.Context), error) {
+	resource := req.resource
 	if err := ctx.Err(); err != nil {
-		return nil, opError(req.op, resource, errors.Join(ErrNotAcquired, context.Cause(ctx)))
+		return nil, nil, opError(req.op, resource, errors.Join(ErrNotAcquired, context.Cause(ctx)))
 	}
 	// Fast path: no subscription, no intent.
 	l, _, err := m.attempt(ctx, req)
 	if !errors.Is(err, ErrNotAcquired) {
+		var cleanup func(context.Context)
 		if outcomeUnknown(err) {
-			m.giveBack(ctx, req)
+			cleanup = func(cctx context.Context) { m.giveBack(cctx, req) }
 		}
 		if err != nil && ctx.Err() != nil { // the failure is the cancellation's doing
 			err = opError(req.op, resource, errors.Join(ErrNotAcquired, context.Cause(ctx)))
 		}
-		return l, err
+		return l, cleanup, err
 	}
 	// Subscribe, then attempt again before the first wait: a release that
 	// committed between the fast path and the subscription notified nobody.
@@ -66,13 +82,13 @@ func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOpt
 		switch {
 		case err == nil:
 			sub.close(true)
-			return l, nil
+			return l, nil, nil
 		case !errors.Is(err, ErrNotAcquired):
-			m.leave(ctx, req, sub, outcomeUnknown(err))
+			unknown := outcomeUnknown(err)
 			if ctx.Err() != nil { // the failure is the cancellation's doing
 				err = opError(req.op, resource, errors.Join(ErrNotAcquired, context.Cause(ctx)))
 			}
-			return nil, err
+			return nil, func(cctx context.Context) { m.leave(cctx, req, sub, unknown) }, err
 		}
 		timer := time.NewTimer(m.pollDelay(hint))
 		select {
@@ -82,8 +98,7 @@ func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOpt
 		}
 		timer.Stop()
 		if ctx.Err() != nil {
-			m.leave(ctx, req, sub, false)
-			return nil, opError(req.op, resource, errors.Join(ErrNotAcquired, context.Cause(ctx)))
+			return nil, func(cctx context.Context) { m.leave(cctx, req, sub, false) }, opError(req.op, resource, errors.Join(ErrNotAcquired, context.Cause(ctx)))
 		}
 	}
 }
@@ -92,7 +107,9 @@ func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOpt
 // in the database (its writer intent, so readers need not wait for it to
 // lapse, and the lease of a last attempt whose outcome is unknown) while, at
 // the same time, closing the subscription (which may close the LISTEN
-// connection). Each is bounded by ReleaseTimeout; they are not summed.
+// connection). ctx is the caller's clean-up context, already bounded (by
+// ReleaseTimeout); closing the subscription has its own bound of
+// ReleaseTimeout. They run at the same time, so the bounds are not summed.
 func (m *Manager) leave(ctx context.Context, req *request, sub *subscription, unknown bool) {
 	if req.intent == "" && !unknown {
 		sub.close(false)
