@@ -185,12 +185,45 @@ func runChild(specJSON string) (res childResult) {
 		}
 		workers = append(workers, op)
 	}
-	// Warm up: every worker takes a private key once (the pool dials its
-	// connections, the library sets itself up) outside the measured window.
+	// Warm up outside the measured window: every worker takes a private key
+	// and holds it until all of them hold theirs, so that the pool dials as
+	// many connections as there are workers and the library sets itself up.
+	// (Taken one after another, the keys had needed one connection: the
+	// others were dialled inside the window, by whichever process first
+	// needed a second connection, which lost turns meanwhile.)
+	var (
+		held   sync.WaitGroup
+		warm   sync.WaitGroup
+		warmMu sync.Mutex
+		wErr   error
+	)
+	held.Add(len(workers))
 	for g, op := range workers {
-		if err := op(ctx, []int64{sp.KeyBase + int64(sp.Keys+1+sp.Index*sp.Gor+g)}, nil); err != nil {
-			return childResult{Err: "warm-up: " + err.Error()}
-		}
+		warm.Add(1)
+		go func() {
+			defer warm.Done()
+			// fn runs only once the key is held; a failed op never calls it.
+			called := false
+			err := op(ctx, []int64{sp.KeyBase + int64(sp.Keys+1+sp.Index*sp.Gor+g)}, func() {
+				called = true
+				held.Done()
+				held.Wait()
+			})
+			if !called {
+				held.Done()
+			}
+			if err != nil {
+				warmMu.Lock()
+				if wErr == nil {
+					wErr = err
+				}
+				warmMu.Unlock()
+			}
+		}()
+	}
+	warm.Wait()
+	if wErr != nil {
+		return childResult{Err: "warm-up: " + wErr.Error()}
 	}
 	// Ready; wait for the parent's go (a line on stdin).
 	fmt.Fprintln(os.Stdout, "ready")
