@@ -185,26 +185,38 @@ func runChild(specJSON string) (res childResult) {
 		}
 		workers = append(workers, op)
 	}
-	// Warm up outside the measured window: every worker takes a private key
-	// and holds it until all of them hold theirs, so that the pool dials as
-	// many connections as there are workers and the library sets itself up.
-	// (Taken one after another, the keys had needed one connection: the
-	// others were dialled inside the window, by whichever process first
-	// needed a second connection, which lost turns meanwhile.)
+	// Warm up outside the measured window (see warmUp).
+	if err := warmUp(ctx, workers, func(g int) int64 { return sp.KeyBase + int64(sp.Keys+1+sp.Index*sp.Gor+g) }); err != nil {
+		return childResult{Err: "warm-up: " + err.Error()}
+	}
+	// Ready; wait for the parent's go (a line on stdin).
+	fmt.Fprintln(os.Stdout, "ready")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		return childResult{Err: "no go from the parent: " + err.Error()}
+	}
+	return childLoop(ctx, &sp, ks, workers)
+}
+
+// warmUp has every worker take its private key (key(g)) and hold it until
+// all of them hold theirs, so that the pool dials as many connections as
+// there are workers and the library sets itself up, before the measured
+// window. (Taken one after another, the keys had needed one connection: the
+// others were dialled inside the window, by whichever process first needed
+// a second connection, which lost turns meanwhile.) It returns the first
+// error of an op.
+func warmUp(ctx context.Context, workers []Op, key func(g int) int64) error {
 	var (
-		held   sync.WaitGroup
-		warm   sync.WaitGroup
-		warmMu sync.Mutex
-		wErr   error
+		held, done sync.WaitGroup
+		mu         sync.Mutex
+		first      error
 	)
 	held.Add(len(workers))
 	for g, op := range workers {
-		warm.Add(1)
+		done.Add(1)
 		go func() {
-			defer warm.Done()
-			// fn runs only once the key is held; a failed op never calls it.
-			called := false
-			err := op(ctx, []int64{sp.KeyBase + int64(sp.Keys+1+sp.Index*sp.Gor+g)}, func() {
+			defer done.Done()
+			called := false // fn runs only once the key is held; a failed op never calls it
+			err := op(ctx, []int64{key(g)}, func() {
 				called = true
 				held.Done()
 				held.Wait()
@@ -213,24 +225,16 @@ func runChild(specJSON string) (res childResult) {
 				held.Done()
 			}
 			if err != nil {
-				warmMu.Lock()
-				if wErr == nil {
-					wErr = err
+				mu.Lock()
+				if first == nil {
+					first = err
 				}
-				warmMu.Unlock()
+				mu.Unlock()
 			}
 		}()
 	}
-	warm.Wait()
-	if wErr != nil {
-		return childResult{Err: "warm-up: " + wErr.Error()}
-	}
-	// Ready; wait for the parent's go (a line on stdin).
-	fmt.Fprintln(os.Stdout, "ready")
-	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
-		return childResult{Err: "no go from the parent: " + err.Error()}
-	}
-	return childLoop(ctx, &sp, ks, workers)
+	done.Wait()
+	return first
 }
 
 func childLoop(ctx context.Context, sp *childSpec, ks []sharedKey, workers []Op) childResult {
