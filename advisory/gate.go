@@ -41,9 +41,9 @@ import (
 // almost nothing. With a second waiter already queued, the hand-off to the
 // Locker's next waiter happens on the server, in its FIFO place, whether or
 // not the process runs; only the third waiter's trip to the server remains,
-// and it has a whole turn of the queue to make it. Two is also the most the
-// queue can pin without costing the application its pool: with 64 waiters
-// on a key, 8 of a pool of 10 stay free.
+// and it has a whole turn of the queue to make it. Two still keeps what the
+// queue is for: with 64 waiters on a key, 8 of a pool of 10 stay free for
+// the application (TestLocalQueuePinsTwoConnectionsAndKeepsFIFO).
 //
 // Which calls queue, and for what: a blocking call queues for the first of
 // its keys (in keys.Compare order, the order the locks are taken) before it
