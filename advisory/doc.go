@@ -149,8 +149,11 @@
 // makes such orphaned waiters leave the queue too.)
 //
 // Of the goroutines of one Locker that wait for the same key, only the first
-// waits on the server, pinning a connection; the others queue in process,
-// in arrival order, without one (see Config.MaxConns for a hard cap). A
+// two wait on the server, pinning a connection each; the others queue in
+// process, in arrival order, without one (see Config.MaxConns for a hard
+// cap). The second waiter on the server is what keeps the Locker's place
+// in PostgreSQL's FIFO queue when the first is granted, so that another
+// process's waiters cannot take every turn in between. A
 // multi-key call queues this way for its first key only (in keys.Compare
 // order), and a shared multi-key call not at all, so a call never waits in
 // process for a key PostgreSQL would grant it. The timeout bounds the whole

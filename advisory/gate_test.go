@@ -2,7 +2,9 @@ package advisory_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,9 +18,10 @@ import (
 )
 
 // 64 goroutines of one Locker wait for a key held elsewhere: between them
-// they pin one connection, the rest of the pool stays free for the
-// application, and they get the key in the order they queued.
-func TestLocalQueuePinsOneConnectionAndKeepsFIFO(t *testing.T) {
+// they pin two connections (two waiters on the server), the rest of the
+// pool stays free for the application, and they get the key in the order
+// they queued.
+func TestLocalQueuePinsTwoConnectionsAndKeepsFIFO(t *testing.T) {
 	ctx := testCtx(t)
 	cfg := pgtest.Config(t)
 	cfg.MaxConns = 10
@@ -49,18 +52,20 @@ func TestLocalQueuePinsOneConnectionAndKeepsFIFO(t *testing.T) {
 			awaitWaiting(ctx, t, p.pool, k, 1) // the first waiter is on the server
 		}
 	}
-	// Only the head waits on the server; give the rest time to queue by
-	// observing the state that matters: one waiter on the server, one
-	// pinned connection, while all n calls are in flight.
-	require.Eventually(t, func() bool { return pool.Stat().AcquiredConns() == 1 }, 5*time.Second, time.Millisecond)
+	// Only the first two wait on the server; give the rest time to queue by
+	// observing the state that matters: two waiters on the server, two
+	// pinned connections, the others in the local queue.
+	require.Eventually(t, func() bool { return advisory.LocalWaiters(l, k) == n-2 }, 10*time.Second, time.Millisecond)
+	awaitWaiting(ctx, t, p.pool, k, 2)
+	assert.EqualValues(t, 2, pool.Stat().AcquiredConns())
 	var waiting int
 	require.NoError(t, p.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype='advisory' AND NOT granted AND pid IN
 		(SELECT pid FROM pg_stat_activity WHERE application_name = $1)`, cfg.ConnConfig.RuntimeParams["application_name"]).Scan(&waiting))
-	assert.Equal(t, 1, waiting, "one waiter on the server for 64 goroutines")
+	assert.Equal(t, 2, waiting, "two waiters on the server for 64 goroutines")
 
-	// The application's own queries still have the other 9 connections.
-	conns := make([]interface{ Release() }, 0, 9)
-	for i := 0; i < 9; i++ {
+	// The application's own queries still have the other 8 connections.
+	conns := make([]interface{ Release() }, 0, 8)
+	for i := 0; i < 8; i++ {
 		c, err := pool.Acquire(ctx)
 		require.NoError(t, err, "the pool must not be starved by waiters")
 		conns = append(conns, c)
@@ -84,28 +89,34 @@ func TestLocalQueueTimeoutAndCancel(t *testing.T) {
 	k := key(t)
 	hold(ctx, t, false, k)
 
-	errs := make(chan error, 3)
-	go func() {
-		errs <- l.WithLock(ctx, k, &advisory.Options{Timeout: 3 * time.Second}, func(context.Context, *pgx.Conn) error { return nil })
-	}()
-	awaitWaiting(ctx, t, p.pool, k, 1)
-	// Queued behind the head: its own timeout still applies. The event that shows it: it
-	// gives up while the head is still waiting (no wall-clock bound to miss under load).
+	// Two heads wait on the server; the calls after them queue in process.
+	errs := make(chan error, 4)
+	for range 2 {
+		go func() {
+			errs <- l.WithLock(ctx, k, &advisory.Options{Timeout: 3 * time.Second}, func(context.Context, *pgx.Conn) error { return nil })
+		}()
+	}
+	awaitWaiting(ctx, t, p.pool, k, 2)
+	// Queued behind the heads: its own timeout still applies. The event that shows it: it
+	// gives up while the heads are still waiting (no wall-clock bound to miss under load).
 	err := l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil })
 	require.ErrorIs(t, err, advisory.ErrLockTimeout)
 	select {
 	case headErr := <-errs:
-		t.Fatalf("the head (3s bound) returned before the queued call (150ms bound) gave up: %v", headErr)
+		t.Fatalf("a head (3s bound) returned before the queued call (150ms bound) gave up: %v", headErr)
 	default:
 	}
-	// And so does cancellation.
+	// And so does cancellation, of a call seen waiting in the local queue.
 	cctx, cancel := context.WithCancel(ctx)
 	go func() {
 		errs <- l.WithLock(cctx, k, &advisory.Options{Timeout: -1}, func(context.Context, *pgx.Conn) error { return nil })
 	}()
+	require.Eventually(t, func() bool { return advisory.LocalWaiters(l, k) == 1 }, 10*time.Second, time.Millisecond)
 	cancel()
 	assert.ErrorIs(t, <-errs, context.Canceled)
-	assert.ErrorIs(t, <-errs, advisory.ErrLockTimeout, "the head times out on the server after 3s")
+	assert.Zero(t, advisory.LocalWaiters(l, k), "the cancelled call left the queue")
+	assert.ErrorIs(t, <-errs, advisory.ErrLockTimeout, "a head times out on the server after 3s")
+	assert.ErrorIs(t, <-errs, advisory.ErrLockTimeout, "a head times out on the server after 3s")
 }
 
 func TestMaxConnsCapsPinnedConnections(t *testing.T) {
@@ -198,8 +209,8 @@ func TestLocalQueueWaitsOnlyWherePostgresWould(t *testing.T) {
 	})
 
 	// What the queue is for holds for multi-key calls too: exclusive calls
-	// waiting for the same first key pin one connection between them.
-	t.Run("exclusive multi-key waiters still pin one connection", func(t *testing.T) {
+	// waiting for the same first key pin two connections between them.
+	t.Run("exclusive multi-key waiters still pin two connections", func(t *testing.T) {
 		cfg := pgtest.Config(t)
 		cfg.MaxConns = 10
 		pool := pgtest.NewPool(t, cfg)
@@ -212,14 +223,147 @@ func TestLocalQueueWaitsOnlyWherePostgresWould(t *testing.T) {
 		for range n {
 			wg.Go(func() { assert.NoError(t, l.WithLockAll(ctx, []keys.Key{k1, k2}, nil, noop)) })
 		}
-		awaitWaiting(ctx, t, p.pool, k1, 1)
-		require.Eventually(t, func() bool { return pool.Stat().AcquiredConns() == 1 }, 5*time.Second, time.Millisecond)
+		awaitWaiting(ctx, t, p.pool, k1, 2)
+		require.Eventually(t, func() bool { return advisory.LocalWaiters(l, k1) == n-2 }, 10*time.Second, time.Millisecond)
+		assert.EqualValues(t, 2, pool.Stat().AcquiredConns())
 		var waiting int
 		require.NoError(t, p.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype='advisory' AND NOT granted AND pid IN
 			(SELECT pid FROM pg_stat_activity WHERE application_name = $1)`, cfg.ConnConfig.RuntimeParams["application_name"]).Scan(&waiting))
-		assert.Equal(t, 1, waiting, "one waiter on the server for all the calls")
+		assert.Equal(t, 2, waiting, "two waiters on the server for all the calls")
 		x.release()
 		wg.Wait()
 		assert.EqualValues(t, 0, pool.Stat().AcquiredConns())
 	})
+}
+
+// The second half of the local queue's invariant (gate.go): the Locker's
+// next waiter already has its place in PostgreSQL's queue when the one
+// ahead of it is granted. Issue 19 part 3: with one waiter per key on the
+// server, a Locker's next waiter was sent only after the one ahead had been
+// granted, so every request that reached the server meanwhile was served
+// first; a process whose requests got there later turn after turn was
+// starved. Here the other process is two plain sessions that ask again as
+// they unlock (one string: unlock; lock), and the schedule is driven by
+// events: each holder
+// waits in its critical section until every other contender has reached
+// its place (queued on the server, or in the Locker's local queue), so
+// PostgreSQL's FIFO alone decides the order. Two goroutines of the Locker
+// against two sessions: each side must get about half of the turns (with
+// one waiter on the server the Locker got one turn in three).
+func TestLocalQueueKeepsTheLockersPlaceInPostgresQueue(t *testing.T) {
+	ctx := testCtx(t)
+	k := key(t)
+	kv, _ := k.Int64()
+	classid, objid, objsubid := k.PgLocks()
+	lcfg, ocfg := pgtest.Config(t), pgtest.Config(t)
+	lcfg.MaxConns, ocfg.MaxConns = 4, 4
+	lpool, opool := pgtest.NewPool(t, lcfg), pgtest.NewPool(t, ocfg)
+	lapp, oapp := lcfg.ConnConfig.RuntimeParams["application_name"], ocfg.ConnConfig.RuntimeParams["application_name"]
+	l := newLocker(t, lpool, advisory.Config{})
+	p := newProbe(t)
+	h := hold(ctx, t, false, k)
+
+	const (
+		perSide = 2  // goroutines of the Locker; sessions of the other process
+		turns   = 48 // acquisitions counted
+	)
+	type turn struct {
+		locker  bool
+		release chan struct{}
+	}
+	turnCh := make(chan turn)
+	var stop atomic.Bool
+	// waiting counts, per side, the contenders that are at their place:
+	// queued on the server for k, or (the Locker's) in its local queue.
+	waiting := func() (byLocker, byOther int) {
+		require.NoError(t, p.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE a.application_name = $4),
+			count(*) FILTER (WHERE a.application_name = $5)
+			FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE l.locktype = 'advisory' AND NOT l.granted AND l.classid = $1 AND l.objid = $2 AND l.objsubid = $3`,
+			classid, objid, objsubid, lapp, oapp).Scan(&byLocker, &byOther))
+		return byLocker + advisory.LocalWaiters(l, k), byOther
+	}
+	settle := func(wantLocker, wantOther int) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			a, b := waiting()
+			return a == wantLocker && b == wantOther
+		}, time.Minute, time.Millisecond, "contenders never all reached their place (want %d of the Locker's, %d others)", wantLocker, wantOther)
+	}
+
+	var wg sync.WaitGroup
+	for range perSide {
+		wg.Go(func() {
+			for !stop.Load() {
+				assert.NoError(t, l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error {
+					rel := make(chan struct{})
+					turnCh <- turn{locker: true, release: rel}
+					<-rel
+					return nil
+				}))
+			}
+		})
+	}
+	settle(perSide, 0) // the Locker's goroutines asked first
+	for i := range perSide {
+		wg.Go(func() {
+			c, err := opool.Acquire(ctx)
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer c.Release()
+			// It asks again at once: unlock and lock in one simple-protocol
+			// string, so its next request is queued by its backend right
+			// after the unlock, before any other client can act on the grant.
+			lock := fmt.Sprintf("SELECT pg_advisory_lock(%d)", kv)
+			again := fmt.Sprintf("SELECT pg_advisory_unlock(%d); %s", kv, lock)
+			sql := lock
+			for {
+				if _, err := c.Conn().PgConn().Exec(ctx, sql).ReadAll(); !assert.NoError(t, err) {
+					return
+				}
+				rel := make(chan struct{})
+				turnCh <- turn{release: rel}
+				<-rel
+				if stop.Load() {
+					_, err := c.Exec(ctx, "SELECT pg_advisory_unlock($1)", kv)
+					assert.NoError(t, err)
+					return
+				}
+				sql = again
+			}
+		})
+		settle(perSide, i+1)
+	}
+	h.release()
+
+	var lockerTurns int
+	order := make([]byte, 0, turns)
+	for range turns {
+		tr := <-turnCh
+		wantL, wantO := perSide, perSide-1
+		order = append(order, 'o')
+		if tr.locker {
+			lockerTurns++
+			wantL, wantO = perSide-1, perSide
+			order[len(order)-1] = 'L'
+		}
+		settle(wantL, wantO)
+		close(tr.release)
+	}
+	stop.Store(true)
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for draining := true; draining; {
+		select {
+		case tr := <-turnCh:
+			close(tr.release)
+		case <-done:
+			draining = false
+		}
+	}
+
+	t.Logf("order of service (L: the Locker, o: the other process): %s; the Locker %d of %d", order, lockerTurns, turns)
+	assert.GreaterOrEqual(t, lockerTurns, turns*2/5, "the Locker, with half of the waiters, was starved")
+	assert.GreaterOrEqual(t, turns-lockerTurns, turns*2/5, "the other process, with half of the waiters, was starved")
 }

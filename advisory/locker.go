@@ -81,9 +81,10 @@ type Config struct {
 	// holders and waiters together; calls over the cap wait their turn
 	// (FIFO, bounded by their timeout and context). Zero means no cap
 	// beyond the pool's own size. Independently of it, the goroutines of
-	// one Locker that wait for the same key pin one connection between
-	// them: the others queue in process (multi-key calls queue for their
-	// first key only, shared multi-key calls not at all).
+	// one Locker that wait for the same key pin at most two connections
+	// between them: the first two in line wait on the server, the others
+	// queue in process (multi-key calls queue for their first key only,
+	// shared multi-key calls not at all).
 	MaxConns int
 
 	// Tracer, when set, receives acquisition events; if it also implements

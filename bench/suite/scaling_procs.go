@@ -185,12 +185,9 @@ func runChild(specJSON string) (res childResult) {
 		}
 		workers = append(workers, op)
 	}
-	// Warm up: every worker takes a private key once (the pool dials its
-	// connections, the library sets itself up) outside the measured window.
-	for g, op := range workers {
-		if err := op(ctx, []int64{sp.KeyBase + int64(sp.Keys+1+sp.Index*sp.Gor+g)}, nil); err != nil {
-			return childResult{Err: "warm-up: " + err.Error()}
-		}
+	// Warm up outside the measured window (see warmUp).
+	if err := warmUp(ctx, workers, func(g int) int64 { return sp.KeyBase + int64(sp.Keys+1+sp.Index*sp.Gor+g) }); err != nil {
+		return childResult{Err: "warm-up: " + err.Error()}
 	}
 	// Ready; wait for the parent's go (a line on stdin).
 	fmt.Fprintln(os.Stdout, "ready")
@@ -198,6 +195,46 @@ func runChild(specJSON string) (res childResult) {
 		return childResult{Err: "no go from the parent: " + err.Error()}
 	}
 	return childLoop(ctx, &sp, ks, workers)
+}
+
+// warmUp has every worker take its private key (key(g)) and hold it until
+// all of them hold theirs, so that the pool dials as many connections as
+// there are workers and the library sets itself up, before the measured
+// window. (Taken one after another, the keys had needed one connection: the
+// others were dialled inside the window, by whichever process first needed
+// a second connection, which lost turns meanwhile.) It returns the first
+// error of an op.
+func warmUp(ctx context.Context, workers []Op, key func(g int) int64) error {
+	var (
+		held, done sync.WaitGroup
+		mu         sync.Mutex
+		first      error
+	)
+	held.Add(len(workers))
+	for g, op := range workers {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			called := false // fn runs only once the key is held; a failed op never calls it
+			err := op(ctx, []int64{key(g)}, func() {
+				called = true
+				held.Done()
+				held.Wait()
+			})
+			if !called {
+				held.Done()
+			}
+			if err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	done.Wait()
+	return first
 }
 
 func childLoop(ctx context.Context, sp *childSpec, ks []sharedKey, workers []Op) childResult {
