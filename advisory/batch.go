@@ -165,9 +165,6 @@ func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options
 	if b == nil {
 		return &LockError{Op: op, Keys: ks, Err: invalid("nil batch")}
 	}
-	if i, w, found := endsTransaction(b); found {
-		return &LockError{Op: op, Keys: ks, Err: invalid("statement %d of the batch begins or ends a transaction (%s): the call's transaction must hold the keys until its own COMMIT", i, w)}
-	}
 	s, err := newKeySet(ks, l.cfg.MaxKeys)
 	if err != nil {
 		return &LockError{Op: op, Keys: ks, Err: err}
@@ -185,6 +182,13 @@ func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options
 	defer t.leave() // idempotent
 
 	for retried := false; ; retried = true {
+		// The check reads b as pgx will send it on this connection (its
+		// QueryExecMode, its QueryRewriters): see batchsql.go.
+		if i, why, found := checkBatch(ctx, c.Conn(), b); found {
+			err = &LockError{Op: op, Keys: s.all, Err: invalid("statement %d of the batch is refused: %s: the call's transaction must hold the keys until its own COMMIT", i, why)}
+			sp.acquired(err)
+			return err
+		}
 		x := batchAttempt{l: l, ctx: ctx, wctx: wctx, c: c, s: &s, op: op, shared: shared, try: try}
 		err = x.run(b)
 		t.leave() // the lock statement is over, whatever its outcome

@@ -492,43 +492,167 @@ func TestXactLockBatchRetriesDeadIdleConnection(t *testing.T) {
 	assert.NotEqual(t, pid, connPID(ctx, t, pool))
 }
 
-// A batch that would end the call's transaction itself (a COMMIT among its
-// statements would release the keys and keep what ran before it, whatever
-// failed after) is refused with ErrInvalid before anything is sent; the
-// savepoint statements that stay inside the transaction are accepted.
-func TestXactLockBatchRefusesStatementsThatEndTheTransaction(t *testing.T) {
-	ctx := testCtx(t)
-	pool := onePool(t, nil)
-	table := batchTable(t, pool)
-	l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
-	k := key(t)
-	for _, stmt := range []string{"COMMIT", "end", "ROLLBACK", "abort", "BEGIN", "START TRANSACTION",
-		"PREPARE TRANSACTION 'x'", "/* c */ commit", "SELECT 1; COMMIT"} {
-		b := writes(table, 1)
-		b.Queue(stmt)
-		b.Queue("INSERT INTO " + table + " (id, v) VALUES (1, 'duplicate')")
-		for _, call := range []func(context.Context, []keys.Key, *advisory.Options, *pgx.Batch) error{
-			l.WithXactLockBatch, l.TryWithXactLockBatch,
-		} {
-			err := call(ctx, []keys.Key{k}, nil, b)
-			require.ErrorIs(t, err, advisory.ErrInvalid, stmt)
-			assert.Contains(t, err.Error(), "statement 3", stmt)
-		}
-		assert.Zero(t, rowCount(ctx, t, pool, table), "%s: nothing ran", stmt)
-	}
+// execModes are pgx's five ways of sending a statement.
+var execModes = []pgx.QueryExecMode{
+	pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec,
+	pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol,
+}
 
-	b := &pgx.Batch{}
-	b.Queue("INSERT INTO " + table + " (id, v) VALUES (1, 'kept')")
-	b.Queue("SAVEPOINT s")
-	b.Queue("INSERT INTO " + table + " (id, v) VALUES (2, 'undone')")
-	b.Queue("ROLLBACK TO SAVEPOINT s")
-	b.Queue("RELEASE SAVEPOINT s")
-	var held bool
+// modePool is a pool of one connection whose statements go in mode.
+func modePool(t *testing.T, mode pgx.QueryExecMode) *pgxpool.Pool {
+	t.Helper()
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	cfg.ConnConfig.DefaultQueryExecMode = mode
+	return pgtest.NewPool(t, cfg)
+}
+
+func TestXactLockBatchRefusesStatementsThatEndTheTransaction(t *testing.T) {
+	for _, mode := range execModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			pool := modePool(t, mode)
+			table := batchTable(t, pool)
+			l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+			k := key(t)
+			for _, stmt := range []string{"COMMIT", "end", "ROLLBACK", "abort", "BEGIN", "START TRANSACTION",
+				"PREPARE TRANSACTION 'x'", "/* c */ commit", "COMMIT AND CHAIN", "rollback and chain",
+				"COMMIT PREPARED 'x'", "ROLLBACK PREPARED 'x'", "; COMMIT", ""} {
+				b := writes(table, 1)
+				b.Queue(stmt)
+				b.Queue("INSERT INTO " + table + " (id, v) VALUES (1, 'duplicate')")
+				for _, call := range []func(context.Context, []keys.Key, *advisory.Options, *pgx.Batch) error{
+					l.WithXactLockBatch, l.TryWithXactLockBatch,
+				} {
+					err := call(ctx, []keys.Key{k}, nil, b)
+					require.ErrorIs(t, err, advisory.ErrInvalid, stmt)
+					assert.Contains(t, err.Error(), "statement 3", stmt)
+				}
+				assert.Zero(t, rowCount(ctx, t, pool, table), "%s: nothing ran", stmt)
+			}
+
+			// Several statements in one string: the simple protocol reads
+			// them and refuses; the extended one sends each string in a Parse
+			// of its own, which PostgreSQL fails (42601): nothing kept.
+			b := writes(table, 1)
+			b.Queue("SELECT 1; COMMIT")
+			err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b)
+			if mode == pgx.QueryExecModeSimpleProtocol {
+				require.ErrorIs(t, err, advisory.ErrInvalid)
+			} else {
+				require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr)
+				assert.Equal(t, "42601", pgErr.Code)
+			}
+			assert.Zero(t, rowCount(ctx, t, pool, table))
+
+			b = &pgx.Batch{}
+			b.Queue("INSERT INTO " + table + " (id, v) VALUES (1, 'kept')")
+			b.Queue("SAVEPOINT s")
+			b.Queue("INSERT INTO " + table + " (id, v) VALUES (2, 'undone')")
+			b.Queue("ROLLBACK TO SAVEPOINT s")
+			b.Queue("RELEASE SAVEPOINT s")
+			held := queueHeld(b, k)
+			require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b))
+			assert.True(t, *held, "ROLLBACK TO SAVEPOINT keeps the keys taken before the savepoint")
+			assert.Equal(t, 1, rowCount(ctx, t, pool, table))
+		})
+	}
+}
+
+// queueHeld queues a statement that reads whether the session holds k; the
+// answer lands in the returned bool (false until the reader runs).
+func queueHeld(b *pgx.Batch, k keys.Key) *bool {
+	held := new(bool)
 	classid, objid, objsubid := k.PgLocks()
 	b.Queue(`SELECT count(*) = 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()
 		AND classid = $1 AND objid = $2 AND objsubid = $3`, classid, objid, objsubid).
-		QueryRow(func(row pgx.Row) error { return row.Scan(&held) })
-	require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b))
-	assert.True(t, held, "ROLLBACK TO SAVEPOINT keeps the keys taken before the savepoint")
-	assert.Equal(t, 1, rowCount(ctx, t, pool, table))
+		QueryRow(func(row pgx.Row) error { return row.Scan(held) })
+	return held
+}
+
+// Issue 20 part 1: statements that PostgreSQL reads as ending the
+// transaction, hidden from the check of 6e91e24 by a line comment ended by
+// a carriage return (every mode), and in the simple protocol by an
+// identifier ending in e before a quote, a $ inside an identifier, a dollar
+// quote opened in one entry and closed in the next. Each is refused now:
+// nothing of the batch runs, so no statement runs after the keys would have
+// been released (the reader after the hidden statement would see the key
+// no longer held), and nothing is kept.
+func TestXactLockBatchRefusesWhatPostgresReadsAsEndingTheTransaction(t *testing.T) {
+	cases := map[string][]string{
+		"comment ended by CR, COMMIT":   {"-- x\rCOMMIT"},
+		"comment ended by CR, END":      {"--\rEND"},
+		"comment ended by CR, ROLLBACK": {"-- x\rROLLBACK"},
+		"leading semicolon":             {"; COMMIT"},
+	}
+	simpleOnly := map[string][]string{
+		"identifier ending in e before a quote": {"SELECT name'\\'; COMMIT; --'"},
+		"$ inside identifiers":                  {"SELECT 1 AS x$a$; COMMIT; SELECT 1 AS y$a$"},
+		"dollar quote across entries":           {"SELECT $a$", "$a$; COMMIT; SELECT $a$", "$a$"},
+		"comment ended by CR after a statement": {"SELECT 1; -- x\rCOMMIT"},
+	}
+	for _, mode := range execModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			pool := modePool(t, mode)
+			l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+			k := key(t)
+			run := func(name string, stmts []string) {
+				table := batchTable(t, pool)
+				b := writes(table, 1)
+				for _, s := range stmts {
+					b.Queue(s)
+				}
+				ran := false
+				held := queueHeld(b, k)
+				b.QueuedQueries[b.Len()-1].Fn = func(br pgx.BatchResults) error {
+					ran = true
+					return br.QueryRow().Scan(held)
+				}
+				b.Queue("INSERT INTO " + table + " (id, v) VALUES (4, 'after')")
+				err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b)
+				assert.ErrorIs(t, err, advisory.ErrInvalid, name)
+				assert.False(t, ran && !*held, "%s: a statement ran after the keys were released", name)
+				assert.False(t, ran, "%s: nothing runs", name)
+				assert.Zero(t, rowCount(ctx, t, pool, table), "%s: nothing kept", name)
+			}
+			for name, stmts := range cases {
+				run(name, stmts)
+			}
+			if mode == pgx.QueryExecModeSimpleProtocol {
+				for name, stmts := range simpleOnly {
+					run(name, stmts)
+				}
+			}
+		})
+	}
+}
+
+// The savepoint statements the doc allows are not refused: ROLLBACK
+// [WORK | TRANSACTION] TO [SAVEPOINT] keeps the keys, in every mode.
+func TestXactLockBatchAllowsEverySavepointForm(t *testing.T) {
+	for _, mode := range execModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			pool := modePool(t, mode)
+			table := batchTable(t, pool)
+			l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+			k := key(t)
+			for i, stmt := range []string{"ROLLBACK TRANSACTION TO SAVEPOINT s", "ROLLBACK WORK TO s",
+				"rollback to s", "ROLLBACK WORK TO SAVEPOINT s", "ROLLBACK -- c\rTO s"} {
+				b := &pgx.Batch{}
+				b.Queue("INSERT INTO "+table+" (id, v) VALUES ($1, 'kept')", 10*i)
+				b.Queue("SAVEPOINT s")
+				b.Queue("INSERT INTO "+table+" (id, v) VALUES ($1, 'undone')", 10*i+1)
+				b.Queue(stmt)
+				b.Queue("RELEASE s")
+				held := queueHeld(b, k)
+				require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b), stmt)
+				assert.True(t, *held, "%s keeps the keys", stmt)
+				assert.Equal(t, i+1, rowCount(ctx, t, pool, table), stmt)
+			}
+		})
+	}
 }
