@@ -58,7 +58,7 @@ func TestBatchCheckRefusesEndersInEveryMode(t *testing.T) {
 // PostgreSQL's rules reads there.
 func TestBatchCheckSimpleProtocol(t *testing.T) {
 	refused := []string{
-		"SELECT name'\\'; COMMIT; --'",              // name'...' is no E'' string
+		"SELECT name'\\'; COMMIT; --'",               // name'...' is no E'' string
 		"SELECT 1 AS x$a$; COMMIT; SELECT 1 AS y$a$", // x$a$ is an identifier
 		"SELECT 1; -- x\rCOMMIT",
 		"SELECT 1; -- x\r; COMMIT",
@@ -366,7 +366,7 @@ var (
 		{"SELECT E'a'\n'\\'", "'"}, {"SELECT E'a' '\\'", "SELECT ''"}, {"SELECT U&'\\'", "--'"},
 		{"SELECT \"\\\"", "--\""}, {"SELECT x$a$", "$a$"}, {"SELECT $a$ $b$", "$a$"}, {"SELECT 'a'\r'\\'", "SELECT ''"},
 	}
-	argValues  = []any{
+	argValues = []any{
 		"'; COMMIT; --", "\\'; COMMIT; --", "$$; COMMIT; $$", "*/; COMMIT; /*", "$a$; COMMIT; $a$", "\n;COMMIT;\n", -1, 1,
 	}
 )
