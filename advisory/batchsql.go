@@ -124,18 +124,18 @@ func refusal(sql string, hasArgs, simple bool) string {
 // simpleRefusal is the rule for a string sent in the simple protocol. It
 // lexes sql as PostgreSQL's scanner does (scan.l) with
 // standard_conforming_strings on, the only setting pgx's simple protocol
-// accepts, and applies refusedStatement to every statement, that is to
-// the text after each semicolon that stands outside literals, quoted
+// accepts, and applies refusedStatement to every statement, that is to the
+// text after each semicolon that stands outside literals, quoted
 // identifiers, dollar quotes and comments. A line comment (--) ends at a
-// line feed or a carriage return; /* */ comments nest; ” strings double
-// their quotes, and so do B”, X”, N” and U&” ones; an E” string, E
-// standing alone (not the end of an identifier such as name'...'), also
-// takes backslash escapes, and one continued on a following line ('a'
-// newline 'b') stays an E” string; a dollar quote opens where a token
-// starts ($tag$, the tag not starting with a digit), not inside an
-// identifier (x$a$ is one identifier, since PostgreSQL lets $ follow the
-// first character of one). It also refuses a string that the check cannot
-// read as PostgreSQL will, whatever its version:
+// line feed or a carriage return; /* */ comments nest; '...' strings double
+// their quotes, and so do B'...', X'...', N'...' and U&'...' ones; an
+// E'...' string (E standing alone, not the end of an identifier such as
+// name'...') also takes backslash escapes, and one continued on a
+// following line ('a' newline 'b') stays an E'...' string; a dollar quote
+// opens where a token starts ($tag$, the tag not starting with a digit),
+// not inside an identifier (x$a$ is one identifier: PostgreSQL lets $
+// follow the first character of one). It also refuses a string that it
+// cannot be sure to read as PostgreSQL will, whatever its version:
 //   - a literal, quoted identifier, dollar quote or /* comment left open at
 //     its end, which would go on into the next string of the batch (a line
 //     comment is fine: pgx's "\n" ends it);
@@ -306,10 +306,10 @@ func skipNumber(s string, i int) int {
 
 // skipString returns the index after the literal whose body starts at
 // s[i] (after its opening quote), and false when it is not closed. A
-// doubled quote stays inside; with escapes (E”), a backslash takes the
-// next byte. An E” string closed and followed by a quote continuation
+// doubled quote stays inside; with escapes (E'...'), a backslash takes the
+// next byte. An E'...' string closed and followed by a quote continuation
 // (white space with a newline, line comments allowed, then a quote) goes
-// on as an E” string, as in PostgreSQL; for the other literals a
+// on as an E'...' string, as in PostgreSQL; for the other literals a
 // continuation reads as a new literal of the same rules.
 func skipString(s string, i int, escapes bool) (int, bool) {
 	for i < len(s) {
