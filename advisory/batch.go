@@ -26,11 +26,36 @@ import (
 // pgx sends statements whose text and arguments are known up front, and how
 // their results are read: attach readers with QueuedQuery.Query, QueryRow
 // or Exec; they run in order as the results arrive. b is read, not changed
-// or sent: it may be reused. b must not begin or end a transaction itself
-// (BEGIN, START TRANSACTION, COMMIT, END, ROLLBACK, ABORT, PREPARE
-// TRANSACTION): its statements must run inside the one the call opens, so
-// such a batch is refused with ErrInvalid before anything is sent.
-// SAVEPOINT, RELEASE and ROLLBACK TO SAVEPOINT are fine.
+// or sent: it may be reused.
+//
+// b must not begin, end or leave a transaction itself: its statements must
+// run inside the one the call opens, which holds the keys. A batch that
+// would is refused with ErrInvalid before anything of it is sent. The check
+// reads b as pgx will send it on the call's connection: in that
+// connection's DefaultQueryExecMode, and with a pgx.QueryRewriter (such as
+// pgx.NamedArgs) applied first. Refused in every mode: an empty string, and
+// a statement that begins, after white space, comments and semicolons,
+// with BEGIN, START, COMMIT, END, ABORT, PREPARE TRANSACTION, or ROLLBACK
+// other than ROLLBACK [WORK | TRANSACTION] TO (AND CHAIN and PREPARED
+// forms included). In the extended protocol (every mode but
+// pgx.QueryExecModeSimpleProtocol) each string of b is one statement:
+// PostgreSQL fails a string of several (SQLSTATE 42601, the batch is not
+// committed), so only its leading keywords are read. In the simple
+// protocol pgx joins the strings into one text: each is split into
+// statements as PostgreSQL's lexer splits it, each statement is checked,
+// and also refused is a string that leaves a literal, quoted identifier,
+// dollar quote or /* comment open (it would go on into the next string), a
+// number or $n directly followed by a letter or an underscore (1e'x',
+// 0x1F: PostgreSQL versions read these differently), and, when the string
+// has arguments, a $n that PostgreSQL does not read as a parameter (inside
+// a literal, an identifier, a comment) or a parameter right after a string
+// literal (pgx substitutes arguments with a lexer of its own).
+// SAVEPOINT, RELEASE [SAVEPOINT] and ROLLBACK [WORK | TRANSACTION] TO
+// [SAVEPOINT] are fine: the keys, taken before any savepoint of b, stay
+// held. No other statement ends the transaction: a COMMIT or ROLLBACK run
+// by a procedure (CALL) or a DO block fails inside it (SQLSTATE 2D000), as
+// do statements that cannot run in a transaction block (VACUUM, CREATE
+// DATABASE), and nothing of b is kept.
 //
 // All or nothing: when a lock cannot be taken or any statement of b fails,
 // the server skips everything after it, COMMIT included, and the
@@ -84,7 +109,8 @@ func (l *Locker) WithXactLockBatch(ctx context.Context, ks []keys.Key, opts *Opt
 	return l.withXactBatch(ctx, ks, opts, false, b)
 }
 
-// TryWithXactLockBatch is WithXactLockBatch without waiting: when a key is
+// TryWithXactLockBatch is WithXactLockBatch without waiting (b is checked
+// as there, and refused with ErrInvalid alike): when a key is
 // busy, the lock statement fails on the server, so that none of b's
 // statements runs and the transaction is rolled back, and the error is a
 // *LockError matching ErrNotAcquired. (pg_try_advisory_xact_lock answers

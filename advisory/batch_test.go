@@ -547,6 +547,27 @@ func TestXactLockBatchRefusesStatementsThatEndTheTransaction(t *testing.T) {
 			}
 			assert.Zero(t, rowCount(ctx, t, pool, table))
 
+			// Checked as pgx sends it: a QueryRewriter is applied first.
+			b = writes(table, 1)
+			b.Queue("SELECT 1", rewriteTo("COMMIT"))
+			require.ErrorIs(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b), advisory.ErrInvalid)
+			b = writes(table, 1)
+			b.Queue("SELECT @n::int", pgx.NamedArgs{"n": 1})
+			require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b))
+			_, err = pool.Exec(ctx, "DELETE FROM "+table)
+			require.NoError(t, err)
+
+			// Transaction control in a DO block fails inside the call's
+			// transaction block: nothing kept.
+			b = writes(table, 1)
+			b.Queue("DO $$BEGIN COMMIT; END$$")
+			err = l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b)
+			require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr)
+			assert.Equal(t, "2D000", pgErr.Code)
+			assert.Zero(t, rowCount(ctx, t, pool, table))
+
 			b = &pgx.Batch{}
 			b.Queue("INSERT INTO " + table + " (id, v) VALUES (1, 'kept')")
 			b.Queue("SAVEPOINT s")
@@ -559,6 +580,13 @@ func TestXactLockBatchRefusesStatementsThatEndTheTransaction(t *testing.T) {
 			assert.Equal(t, 1, rowCount(ctx, t, pool, table))
 		})
 	}
+}
+
+// rewriteTo is a pgx.QueryRewriter that sends its string instead.
+type rewriteTo string
+
+func (r rewriteTo) RewriteQuery(context.Context, *pgx.Conn, string, []any) (string, []any, error) {
+	return string(r), nil, nil
 }
 
 // queueHeld queues a statement that reads whether the session holds k; the

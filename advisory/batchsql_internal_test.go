@@ -449,7 +449,8 @@ func TestBatchCheckAgreesWithServer(t *testing.T) {
 	// statements fails; transaction control in a DO block or a procedure
 	// called inside a transaction block fails; none of them ends it.
 	for i, m := range execModes[:4] {
-		for _, sql := range []string{"SELECT 1; COMMIT", "SELECT 1;COMMIT;", "DO $$BEGIN COMMIT; END$$", "CALL pg_temp.commits()"} {
+		for _, sql := range []string{"SELECT 1; COMMIT", "SELECT 1;COMMIT;", "DO $$BEGIN COMMIT; END$$",
+			"CALL pg_temp.commits()", "VACUUM", "CREATE DATABASE pgxlock_never"} {
 			if sbs[i].ends([]entry{{sql: sql}}) {
 				t.Errorf("%v: %q ended the transaction", m, sql)
 			}
@@ -459,6 +460,11 @@ func TestBatchCheckAgreesWithServer(t *testing.T) {
 	// runs: a statement the grammar fails stops those before it too.
 	if sbs[4].ends([]entry{{sql: "COMMIT; SELECT ("}}) || sbs[4].ends([]entry{{sql: "COMMIT"}, {sql: "SELECT ("}}) {
 		t.Error("simple protocol: a COMMIT before a syntax error ran")
+	}
+	for _, sql := range []string{"DO $$BEGIN COMMIT; END$$", "CALL pg_temp.commits()", "VACUUM"} {
+		if sbs[4].ends([]entry{{sql: sql}}) {
+			t.Errorf("simple protocol: %q ended the transaction", sql)
+		}
 	}
 	for i, m := range execModes {
 		for _, sql := range savepoints {
