@@ -355,7 +355,11 @@ func quoteContinues(s string, i int) (int, bool) {
 		case c == '\v' && newline: // white space (PostgreSQL 16+), not horizontal
 			i++
 		case strings.HasPrefix(s[i:], "--"):
-			i = skipLineComment(s, i)
+			j := strings.IndexAny(s[i:], "\n\r") // the newline that ends it counts
+			if j < 0 {
+				return 0, false
+			}
+			i += j
 		case c == '\'':
 			return i, newline
 		default:

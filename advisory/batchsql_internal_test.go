@@ -71,6 +71,9 @@ func TestBatchCheckSimpleProtocol(t *testing.T) {
 		"SELECT \"a;\"\"b\" FROM t; begin",
 		"SELECT E'a'\n'\\''; COMMIT; SELECT ''", // an E'' string continued on the next line keeps its escapes
 		"SELECT E'a' -- c\n'\\''; COMMIT; SELECT ''",
+		"SELECT E'a' -- c\n'\\''; COMMIT; --'", // the newline ending the comment starts the continuation
+		"SELECT E'a' -- c\r'\\''; COMMIT; --'",
+		"SELECT E'a'\r\n\v -- c\n\n'\\''; COMMIT; --'",
 		"SELECT U&'\\'; COMMIT; --'",
 		// Left open: would go on into the next entry.
 		"SELECT $a$", "SELECT 'x", "SELECT E'x\\'", "SELECT \"x", "/* x", "/* /* */",
@@ -364,7 +367,9 @@ var (
 		{"SELECT name'\\'", "--'"}, {"SELECT 1 AS x$a$", "SELECT 1 AS y$a$"}, {"SELECT E'\\'", "'"},
 		{"SELECT '\\'", "SELECT ''"}, {"SELECT $a$", "$a$"}, {"SELECT 1 -- x\r", ""}, {"/* /* */", "*/"},
 		{"SELECT E'a'\n'\\'", "'"}, {"SELECT E'a' '\\'", "SELECT ''"}, {"SELECT U&'\\'", "--'"},
-		{"SELECT \"\\\"", "--\""}, {"SELECT x$a$", "$a$"}, {"SELECT $a$ $b$", "$a$"}, {"SELECT 'a'\r'\\'", "SELECT ''"},
+		{"SELECT 'a''", "'"}, {"SELECT \"a\"\"", "\""}, {"SELECT $A$", "$a$"}, {"SELECT $a$ $", "a$"},
+		{"/*/*/", "*/"}, {"/**/ /*", "*/"}, {"SELECT 1 -- x\f", ""}, {"SELECT 1 -- x\v", ""},
+		{"SELECT \"\\\"", "--\""}, {"SELECT E'a' -- c\n'\\''", "--'"}, {"SELECT E'a'\n'\\''", "--'"}, {"SELECT x$a$", "$a$"}, {"SELECT $a$ $b$", "$a$"}, {"SELECT 'a'\r'\\'", "SELECT ''"},
 	}
 	argValues = []any{
 		"'; COMMIT; --", "\\'; COMMIT; --", "$$; COMMIT; $$", "*/; COMMIT; /*", "$a$; COMMIT; $a$", "\n;COMMIT;\n", -1, 1,
