@@ -658,6 +658,27 @@ func TestXactLockBatchRefusesWhatPostgresReadsAsEndingTheTransaction(t *testing.
 	}
 }
 
+// In the simple protocol pgx substitutes arguments into the text with a
+// lexer of its own, which reads name'...' as an E'...' string: a $n that
+// PostgreSQL reads inside a literal gets substituted, and an argument such
+// as "'; COMMIT; --" closes the literal and runs its COMMIT. The check
+// refuses a $n that PostgreSQL does not read as a parameter when the
+// string has arguments: nothing runs, nothing is kept.
+func TestXactLockBatchRefusesArgumentsPgxSubstitutesInsideALiteral(t *testing.T) {
+	ctx := testCtx(t)
+	pool := modePool(t, pgx.QueryExecModeSimpleProtocol)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+	k := key(t)
+	b := writes(table, 1)
+	b.Queue(`SELECT name'\' AS a, ' $1 ' AS b`, "'; COMMIT; --")
+	held := queueHeld(b, k)
+	err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b)
+	assert.ErrorIs(t, err, advisory.ErrInvalid)
+	assert.False(t, *held)
+	assert.Zero(t, rowCount(ctx, t, pool, table), "nothing kept")
+}
+
 // The savepoint statements the doc allows are not refused: ROLLBACK
 // [WORK | TRANSACTION] TO [SAVEPOINT] keeps the keys, in every mode.
 func TestXactLockBatchAllowsEverySavepointForm(t *testing.T) {

@@ -471,6 +471,11 @@ func TestBatchCheckAgreesWithServer(t *testing.T) {
 			t.Errorf("simple protocol: %q ended the transaction", sql)
 		}
 	}
+	// pgx's own lexer reads name'...' as an E'...' string: an argument
+	// it substitutes where PostgreSQL reads a literal can close that
+	// literal, and a COMMIT in the argument runs.
+	inject := []entry{{sql: "SELECT name'\\' AS a, ' $1 ' AS b", args: []any{"'; COMMIT; --"}}}
+	t.Logf("pgx's substitution into a literal ends the transaction: %v", checkAgainstServer(t, sbs[4], execModes[4], inject))
 	for i, m := range execModes {
 		for _, sql := range savepoints {
 			es := []entry{{sql: "SAVEPOINT s"}, {sql: sql}}
