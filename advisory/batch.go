@@ -40,7 +40,10 @@ import (
 // forms included). In the extended protocol (every mode but
 // pgx.QueryExecModeSimpleProtocol) each string of b is one statement:
 // PostgreSQL fails a string of several (SQLSTATE 42601, the batch is not
-// committed), so only its leading keywords are read. In the simple
+// committed), so only its leading keywords are read; a string whose first
+// word starts no PostgreSQL statement is refused too, since pgx runs the
+// statement prepared (pgx.Conn.Prepare) under a name equal to the string
+// in its place, whose text the check cannot read. In the simple
 // protocol pgx joins the strings into one text: each is split into
 // statements as PostgreSQL's lexer splits it, each statement is checked,
 // and also refused is a string that leaves a literal, quoted identifier,
@@ -92,7 +95,8 @@ import (
 //   - nil: committed; every reader returned nil;
 //   - a *ReaderError: committed; a reader returned an error;
 //   - a *LockError matching ErrLockTimeout, ErrDeadlock, ErrTooManyLocks,
-//     ErrNoConnection or ErrInvalid (nil b, bad keys), or holding ctx's
+//     ErrNoConnection or ErrInvalid (nil b, bad keys, a batch the check
+//     above refuses), or holding ctx's
 //     error when ctx was cancelled during the wait: nothing of b ran to
 //     completion and nothing is kept;
 //   - an error matching pooltx.ErrNotCommitted: a statement of b, or

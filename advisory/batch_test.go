@@ -443,7 +443,7 @@ func TestXactLockBatchRefusedByPgx(t *testing.T) {
 	p := newProbe(t)
 
 	bad := writes(table, 1)
-	bad.Queue("SELEC 1")
+	bad.Queue("SELECT 1 +")
 	err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, bad)
 	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
 	var pgErr *pgconn.PgError
@@ -677,6 +677,41 @@ func TestXactLockBatchRefusesArgumentsPgxSubstitutesInsideALiteral(t *testing.T)
 	assert.ErrorIs(t, err, advisory.ErrInvalid)
 	assert.False(t, *held)
 	assert.Zero(t, rowCount(ctx, t, pool, table), "nothing kept")
+}
+
+// pgx's extended modes run the statement prepared under a queued string's
+// name instead of the string: "finish", prepared as COMMIT, committed on
+// 6e91e24. A string that does not start as a statement does is refused in
+// those modes; the simple protocol sends it as text, which fails.
+func TestXactLockBatchRefusesAPreparedStatementsName(t *testing.T) {
+	for _, mode := range execModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			cfg := pgtest.Config(t)
+			cfg.MaxConns = 1
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+				_, err := c.Prepare(ctx, "finish", "COMMIT")
+				return err
+			}
+			pool := pgtest.NewPool(t, cfg)
+			table := batchTable(t, pool)
+			l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+			b := writes(table, 1)
+			b.Queue("finish")
+			b.Queue("INSERT INTO " + table + " (id, v) VALUES (4, 'after')")
+			err := l.WithXactLockBatch(ctx, []keys.Key{key(t)}, nil, b)
+			if mode == pgx.QueryExecModeSimpleProtocol {
+				// The whole text fails to parse, BEGIN and the lock included.
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr)
+				assert.Equal(t, "42601", pgErr.Code)
+			} else {
+				assert.ErrorIs(t, err, advisory.ErrInvalid)
+			}
+			assert.Zero(t, rowCount(ctx, t, pool, table), "nothing kept")
+		})
+	}
 }
 
 // The savepoint statements the doc allows are not refused: ROLLBACK

@@ -50,10 +50,7 @@ import (
 // Leading semicolons are skipped: PostgreSQL drops empty statements, so
 // that a Parse of "; COMMIT" holds one statement, a COMMIT.
 func refusedStatement(stmt string) string {
-	w1, rest := firstWord(strings.TrimLeft(stmt, ";"))
-	for w1 == "" && strings.HasPrefix(rest, ";") {
-		w1, rest = firstWord(strings.TrimLeft(rest, ";"))
-	}
+	w1, rest := leadingWord(stmt)
 	switch w1 {
 	case "BEGIN", "START", "COMMIT", "END", "ABORT":
 		return w1
@@ -108,6 +105,21 @@ func checkBatch(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) (index int, r
 	return 0, "", false
 }
 
+// statementWords are the words a PostgreSQL statement can begin with (the
+// SQL Commands of its manual; a statement can also begin with a
+// parenthesis).
+var statementWords = map[string]bool{}
+
+func init() {
+	for _, w := range strings.Fields(`ABORT ALTER ANALYSE ANALYZE BEGIN CALL CHECKPOINT CLOSE CLUSTER
+		COMMENT COMMIT COPY CREATE DEALLOCATE DECLARE DELETE DISCARD DO DROP END EXECUTE EXPLAIN FETCH
+		GRANT IMPORT INSERT LISTEN LOAD LOCK MERGE MOVE NOTIFY PREPARE REASSIGN REFRESH REINDEX RELEASE
+		RESET REVOKE ROLLBACK SAVEPOINT SECURITY SELECT SET SHOW START TABLE TRUNCATE UNLISTEN UPDATE
+		VACUUM VALUES WITH`) {
+		statementWords[w] = true
+	}
+}
+
 // refusal is checkBatch's rule for one SQL string (as pgx will send it,
 // with hasArgs telling whether arguments go with it), sent in the simple
 // protocol or in the extended one: "" when it is fine.
@@ -117,6 +129,13 @@ func refusal(sql string, hasArgs, simple bool) string {
 	}
 	if w := refusedStatement(sql); w != "" {
 		return "it begins or ends a transaction (" + w + ")"
+	}
+	// pgx's extended modes run the statement prepared (pgx.Conn.Prepare)
+	// under the name sql, if any, instead of sql: one whose text the
+	// check cannot see. Only a string that starts as a statement does, or
+	// holds nothing but white space, comments and semicolons, is sent.
+	if w, rest := leadingWord(sql); w == "" && rest != "" && rest[0] != '(' || w != "" && !statementWords[w] {
+		return "it does not start as a PostgreSQL statement does: pgx would run the statement prepared under that name, if any, which the check cannot read"
 	}
 	return ""
 }
@@ -470,6 +489,16 @@ func firstWord(s string) (string, string) {
 		}
 	}
 	return "", ""
+}
+
+// leadingWord is firstWord after any semicolons too (with the white space
+// and comments around them): PostgreSQL drops empty statements.
+func leadingWord(s string) (string, string) {
+	w, rest := firstWord(s)
+	for w == "" && strings.HasPrefix(rest, ";") {
+		w, rest = firstWord(rest[1:])
+	}
+	return w, rest
 }
 
 // asciiUpper upper-cases ASCII letters only, as PostgreSQL folds keywords.

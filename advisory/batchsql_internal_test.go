@@ -153,6 +153,18 @@ func TestBatchCheckExtendedProtocolReadsTheLeadingKeyword(t *testing.T) {
 			t.Errorf("%q refused: %s", sql, r)
 		}
 	}
+	// What no statement starts with: maybe a prepared statement's name.
+	for _, sql := range []string{"finish", "\"COMMIT\"", "x$1", "@x", "1", "'COMMIT'", "-- c\rfinish", ";finish"} {
+		if refusal(sql, false, false) == "" {
+			t.Errorf("%q not refused", sql)
+		}
+	}
+	for _, sql := range []string{"(SELECT 1)", " -- only a comment", ";", "WITH x AS (SELECT 1) SELECT 1",
+		"VALUES (1)", "TABLE t", "explain SELECT 1", "; -- c\r\n; /* */ select 1", "ANALYSE t"} {
+		if r := refusal(sql, false, false); r != "" {
+			t.Errorf("%q refused: %s", sql, r)
+		}
+	}
 }
 
 // QueryRewriters are applied before the check, as pgx applies them.
