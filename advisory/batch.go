@@ -96,9 +96,8 @@ import (
 //   - a *ReaderError: committed; a reader returned an error;
 //   - a *LockError matching ErrLockTimeout, ErrDeadlock, ErrTooManyLocks,
 //     ErrNoConnection or ErrInvalid (nil b, bad keys, a batch the check
-//     above refuses), or holding ctx's
-//     error when ctx was cancelled during the wait: nothing of b ran to
-//     completion and nothing is kept;
+//     above refuses), or holding ctx's error when ctx was cancelled during
+//     the wait: nothing of b ran to completion and nothing is kept;
 //   - an error matching pooltx.ErrNotCommitted: a statement of b, or
 //     COMMIT, failed (its *pgconn.PgError is in the chain), or pgx refused
 //     b before running any of it (a pgx.ErrPreprocessingBatch: a statement
