@@ -21,8 +21,11 @@ import (
 //     own, and PostgreSQL refuses a Parse that holds more than one statement
 //     (SQLSTATE 42601, "cannot insert multiple commands into a prepared
 //     statement"), so each string is at most one statement, whatever its
-//     quotes or comments. Only its leading keywords, after white space and
-//     comments, need reading.
+//     quotes or comments. Only its leading keywords, after white space,
+//     comments and semicolons, need reading, and a first word that starts
+//     no statement is refused: pgx looks the string up among the
+//     statements prepared with pgx.Conn.Prepare first, and sends the one of
+//     that name in its place.
 //   - QueryExecModeSimpleProtocol joins the batch's strings with "\n;"
 //     (pgx v5 conn.go, sendBatchQueryExecModeSimpleProtocol), after
 //     substituting the arguments into each, and sends them as one Query

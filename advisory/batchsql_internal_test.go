@@ -478,7 +478,7 @@ func TestBatchCheckAgreesWithServer(t *testing.T) {
 	if sbs[4].ends([]entry{{sql: "COMMIT; SELECT ("}}) || sbs[4].ends([]entry{{sql: "COMMIT"}, {sql: "SELECT ("}}) {
 		t.Error("simple protocol: a COMMIT before a syntax error ran")
 	}
-	for _, sql := range []string{"DO $$BEGIN COMMIT; END$$", "CALL pg_temp.commits()", "VACUUM"} {
+	for _, sql := range []string{"DO $$BEGIN COMMIT; END$$", "CALL pg_temp.commits()", "VACUUM", "CREATE DATABASE pgxlock_never"} {
 		if sbs[4].ends([]entry{{sql: sql}}) {
 			t.Errorf("simple protocol: %q ended the transaction", sql)
 		}
