@@ -213,12 +213,13 @@ func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options
 	for retried := false; ; retried = true {
 		// The check reads b as pgx will send it on this connection (its
 		// QueryExecMode, its QueryRewriters): see batchsql.go.
-		if i, why, found := checkBatch(ctx, c.Conn(), b); found {
+		checked, i, why, found := checkBatch(ctx, c.Conn(), b)
+		if found {
 			err = &LockError{Op: op, Keys: s.all, Err: invalid("statement %d of the batch is refused: %s: the call's transaction must hold the keys until its own COMMIT", i, why)}
 			sp.acquired(err)
 			return err
 		}
-		x := batchAttempt{l: l, ctx: ctx, wctx: wctx, c: c, s: &s, op: op, shared: shared, try: try}
+		x := batchAttempt{l: l, ctx: ctx, wctx: wctx, c: c, s: &s, op: op, shared: shared, try: try, checked: checked}
 		err = x.run(b)
 		t.leave() // the lock statement is over, whatever its outcome
 		if x.locked {
@@ -264,6 +265,7 @@ type batchAttempt struct {
 	op        string
 	shared    bool
 	try       bool
+	checked   []pgx.QueuedQuery // the caller's statements, as checkBatch read them
 
 	// Set by the result handlers, in pipeline order.
 	locked    bool         // every lock statement answered: the keys were held
@@ -313,7 +315,7 @@ func (x *batchAttempt) run(b *pgx.Batch) error {
 	if timeout != "" {
 		p.Queue(sqlRestoreTimeout)
 	}
-	x.queueCallers(p, b)
+	x.queueCallers(p)
 	p.Queue("commit").Exec(func(tag pgconn.CommandTag) error {
 		if tag.String() != "COMMIT" {
 			return pgx.ErrTxCommitRollback // the transaction had failed: nothing kept
@@ -393,11 +395,14 @@ func (x *batchAttempt) failed(err error) error {
 // so that its error is kept as a *ReaderError and does not stop pgx from
 // reading the rest (COMMIT's answer included). A statement's own failure
 // still stops the batch: pgx records it apart from the readers' errors.
-func (x *batchAttempt) queueCallers(p, b *pgx.Batch) {
-	qs := make([]pgx.QueuedQuery, len(b.QueuedQueries))
-	for i, q := range b.QueuedQueries {
-		qs[i] = *q
-		if fn := q.Fn; fn != nil {
+//
+// The copies are checkBatch's: each as the check read it, its
+// QueryRewriter already applied, so that pgx sends exactly what was
+// checked (a rewriter is called once).
+func (x *batchAttempt) queueCallers(p *pgx.Batch) {
+	qs := x.checked
+	for i := range qs {
+		if fn := qs[i].Fn; fn != nil {
 			qs[i].Fn = func(br pgx.BatchResults) error {
 				if err := fn(br); err != nil && x.readErr == nil {
 					x.readErr = &ReaderError{Index: i, Err: err}

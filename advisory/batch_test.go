@@ -554,6 +554,12 @@ func TestXactLockBatchRefusesStatementsThatEndTheTransaction(t *testing.T) {
 			b = writes(table, 1)
 			b.Queue("SELECT @n::int", pgx.NamedArgs{"n": 1})
 			require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b))
+			// Called once: what pgx sends is what was checked.
+			calls := 0
+			b = &pgx.Batch{}
+			b.Queue("ignored", rewriteOnce{&calls})
+			require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b))
+			assert.Equal(t, 1, calls)
 			_, err = pool.Exec(ctx, "DELETE FROM "+table)
 			require.NoError(t, err)
 
@@ -587,6 +593,17 @@ type rewriteTo string
 
 func (r rewriteTo) RewriteQuery(context.Context, *pgx.Conn, string, []any) (string, []any, error) {
 	return string(r), nil, nil
+}
+
+// rewriteOnce is a pgx.QueryRewriter that sends SELECT 1 when first called
+// and COMMIT after.
+type rewriteOnce struct{ calls *int }
+
+func (r rewriteOnce) RewriteQuery(context.Context, *pgx.Conn, string, []any) (string, []any, error) {
+	if *r.calls++; *r.calls == 1 {
+		return "SELECT 1", nil, nil
+	}
+	return "COMMIT", nil, nil
 }
 
 // queueHeld queues a statement that reads whether the session holds k; the

@@ -73,13 +73,18 @@ func refusedStatement(stmt string) string {
 	return ""
 }
 
-// checkBatch returns the position in b of the first string that would
-// begin, end or leave the call's transaction when sent on conn, or that
-// the check cannot read for sure, and why; found is false when there is
-// none. It sends nothing. ctx and conn are handed to a QueryRewriter.
-func checkBatch(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) (index int, reason string, found bool) {
+// checkBatch returns copies of b's queued queries as pgx will send them on
+// conn, each QueryRewriter applied (and dropped from the arguments), and
+// the position in b of the first string that would begin, end or leave
+// the call's transaction, or that the check cannot read for sure, and why;
+// found is false when there is none. It sends nothing. ctx and conn are
+// handed to the QueryRewriters, each called once: the copies are what the
+// call sends.
+func checkBatch(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) (checked []pgx.QueuedQuery, index int, reason string, found bool) {
 	simple := conn.Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol
+	checked = make([]pgx.QueuedQuery, len(b.QueuedQueries))
 	for i, q := range b.QueuedQueries {
+		checked[i] = *q
 		sql, args := q.SQL, q.Arguments
 		// As pgx's sendBatch: leading QueryRewriters are options; the
 		// last one rewrites.
@@ -94,18 +99,19 @@ func checkBatch(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) (index int, r
 		if rw != nil {
 			var err error
 			if sql, args, err = rw.RewriteQuery(ctx, conn, sql, args); err != nil {
-				return i, fmt.Sprintf("its QueryRewriter failed: %v", err), true
+				return nil, i, fmt.Sprintf("its QueryRewriter failed: %v", err), true
 			}
 		}
+		checked[i].SQL, checked[i].Arguments = sql, args
 		if sql == "" {
 			// pgx's statement caches cannot hold it: they panic.
-			return i, "an empty string", true
+			return nil, i, "an empty string", true
 		}
 		if r := refusal(sql, len(args) > 0, simple); r != "" {
-			return i, r, true
+			return nil, i, r, true
 		}
 	}
-	return 0, "", false
+	return checked, 0, "", false
 }
 
 // statementWords are the words a PostgreSQL statement can begin with (the

@@ -174,12 +174,12 @@ func TestBatchCheckAppliesQueryRewriters(t *testing.T) {
 		b := &pgx.Batch{}
 		b.Queue("SELECT @v::text", pgx.NamedArgs{"v": "x"})
 		b.Queue("ignored", rewriteTo("COMMIT"))
-		if i, why, found := checkBatch(context.Background(), c, b); !found || i != 1 {
+		if _, i, why, found := checkBatch(context.Background(), c, b); !found || i != 1 {
 			t.Errorf("%v: rewritten COMMIT not refused: %d %q %v", mode, i, why, found)
 		}
 		b = &pgx.Batch{}
 		b.Queue("SELECT @v::text /* $1 */", pgx.NamedArgs{"v": "x"}) // in the simple protocol: $1 in a comment, with arguments
-		if _, _, found := checkBatch(context.Background(), c, b); found != (mode == pgx.QueryExecModeSimpleProtocol) {
+		if _, _, _, found := checkBatch(context.Background(), c, b); found != (mode == pgx.QueryExecModeSimpleProtocol) {
 			t.Errorf("%v: rewritten string: refused %v", mode, found)
 		}
 	}
