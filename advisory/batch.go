@@ -33,7 +33,8 @@ import (
 // would is refused with ErrInvalid before anything of it is sent. The check
 // reads b as pgx will send it on the call's connection: in that
 // connection's DefaultQueryExecMode, and with a pgx.QueryRewriter (such as
-// pgx.NamedArgs) applied first. Refused in every mode: an empty string, and
+// pgx.NamedArgs) applied first, once: the call sends the rewritten
+// statements the check read. Refused in every mode: an empty string, and
 // a statement that begins, after white space, comments and semicolons,
 // with BEGIN, START, COMMIT, END, ABORT, PREPARE TRANSACTION, or ROLLBACK
 // other than ROLLBACK [WORK | TRANSACTION] TO (AND CHAIN and PREPARED
@@ -52,7 +53,9 @@ import (
 // 0x1F: PostgreSQL versions read these differently), and, when the string
 // has arguments, a $n that PostgreSQL does not read as a parameter (inside
 // a literal, an identifier, a comment) or a parameter right after a string
-// literal (pgx substitutes arguments with a lexer of its own).
+// literal (pgx substitutes arguments with a lexer of its own); a CREATE
+// FUNCTION whose BEGIN ATOMIC body ends with END after a semicolon is
+// refused as well there (a dollar-quoted body is not).
 // SAVEPOINT, RELEASE [SAVEPOINT] and ROLLBACK [WORK | TRANSACTION] TO
 // [SAVEPOINT] are fine: the keys, taken before any savepoint of b, stay
 // held. No other statement ends the transaction: a COMMIT or ROLLBACK run

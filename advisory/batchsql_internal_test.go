@@ -79,6 +79,8 @@ func TestBatchCheckSimpleProtocol(t *testing.T) {
 		"SELECT $a$", "SELECT 'x", "SELECT E'x\\'", "SELECT \"x", "/* x", "/* /* */",
 		// Read differently by versions of PostgreSQL.
 		"SELECT 1e'\\'; COMMIT; --'", "SELECT 1_000$a$; COMMIT; $a$", "SELECT 0x1F", "SELECT $1abc",
+		// Over-refused: END after a semicolon inside BEGIN ATOMIC.
+		"CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1; END",
 	}
 	for _, sql := range refused {
 		if simpleRefusal(sql, false) == "" {
@@ -109,6 +111,7 @@ func TestBatchCheckSimpleProtocol(t *testing.T) {
 		"SAVEPOINT s; ROLLBACK TO s; RELEASE s",
 		"PREPARE q AS SELECT 1",
 		"DO $$BEGIN COMMIT; END$$",
+		"CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $$SELECT 1; $$",
 	}
 	for _, sql := range fine {
 		if r := simpleRefusal(sql, false); r != "" {
@@ -148,6 +151,7 @@ func TestBatchCheckExtendedProtocolReadsTheLeadingKeyword(t *testing.T) {
 		"SELECT '$1', $1",
 		"SELECT 1e5",
 		"SELECT $a$",
+		"CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1; END",
 	} {
 		if r := refusal(sql, true, false); r != "" {
 			t.Errorf("%q refused: %s", sql, r)
