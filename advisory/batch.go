@@ -53,7 +53,9 @@ import (
 // 0x1F: PostgreSQL versions read these differently), and, when the string
 // has arguments, a $n that PostgreSQL does not read as a parameter (inside
 // a literal, an identifier, a comment) or a parameter right after a string
-// literal (pgx substitutes arguments with a lexer of its own); a CREATE
+// literal (pgx substitutes arguments with a lexer of its own), and a
+// string whose $n parameters do not match its arguments (pgx would refuse
+// it, before sending anything); a CREATE
 // FUNCTION whose BEGIN ATOMIC body ends with END after a semicolon is
 // refused as well there (a dollar-quoted body is not).
 // SAVEPOINT, RELEASE [SAVEPOINT] and ROLLBACK [WORK | TRANSACTION] TO

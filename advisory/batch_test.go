@@ -731,6 +731,29 @@ func TestXactLockBatchRefusesAPreparedStatementsName(t *testing.T) {
 	}
 }
 
+// In the simple protocol pgx itself refuses a string whose $n parameters do
+// not match its arguments, before sending anything; on 6e91e24 the call
+// took that for a pipeline sent and unanswered (pooltx.ErrCommitUnknown)
+// and destroyed the connection. The check refuses it: ErrInvalid, and the
+// connection is kept.
+func TestXactLockBatchSimpleProtocolParameterMismatchIsInvalid(t *testing.T) {
+	ctx := testCtx(t)
+	pool := modePool(t, pgx.QueryExecModeSimpleProtocol)
+	l := newLocker(t, pool, advisory.Config{})
+	pid := connPID(ctx, t, pool)
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{{"SELECT $1::int", nil}, {"SELECT $2::int", []any{1}}, {"SELECT 1", []any{1}}} {
+		b := &pgx.Batch{}
+		b.Queue(q.sql, q.args...)
+		err := l.WithXactLockBatch(ctx, []keys.Key{key(t)}, nil, b)
+		assert.ErrorIs(t, err, advisory.ErrInvalid, q.sql)
+		assert.NotErrorIs(t, err, pooltx.ErrCommitUnknown, q.sql)
+	}
+	assert.Equal(t, pid, connPID(ctx, t, pool), "the connection was kept")
+}
+
 // The savepoint statements the doc allows are not refused: ROLLBACK
 // [WORK | TRANSACTION] TO [SAVEPOINT] keeps the keys, in every mode.
 func TestXactLockBatchAllowsEverySavepointForm(t *testing.T) {

@@ -3,6 +3,7 @@ package advisory
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -107,7 +108,7 @@ func checkBatch(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) (checked []pg
 			// pgx's statement caches cannot hold it: they panic.
 			return nil, i, "an empty string", true
 		}
-		if r := refusal(sql, len(args) > 0, simple); r != "" {
+		if r := refusal(sql, len(args), simple); r != "" {
 			return nil, i, r, true
 		}
 	}
@@ -130,11 +131,11 @@ func init() {
 }
 
 // refusal is checkBatch's rule for one SQL string (as pgx will send it,
-// with hasArgs telling whether arguments go with it), sent in the simple
+// with nargs arguments), sent in the simple
 // protocol or in the extended one: "" when it is fine.
-func refusal(sql string, hasArgs, simple bool) string {
+func refusal(sql string, nargs int, simple bool) string {
 	if simple {
-		return simpleRefusal(sql, hasArgs)
+		return simpleRefusal(sql, nargs)
 	}
 	if w := refusedStatement(sql); w != "" {
 		return "it begins or ends a transaction (" + w + ")"
@@ -180,7 +181,8 @@ func refusal(sql string, hasArgs, simple bool) string {
 // It does not refuse statements that PostgreSQL's grammar fails: in the
 // simple protocol PostgreSQL parses the whole text before running any of
 // it, so such a batch runs nothing.
-func simpleRefusal(sql string, hasArgs bool) string {
+func simpleRefusal(sql string, nargs int) string {
+	hasArgs := nargs > 0
 	l := lexer{s: sql}
 	stmt := 0
 	check := func(end int) string {
@@ -206,6 +208,23 @@ func simpleRefusal(sql string, hasArgs bool) string {
 	if r := check(len(sql)); r != "" {
 		return r
 	}
+	// pgx fails a string whose parameters and arguments do not match, and
+	// so early that the call could not tell that nothing was sent.
+	if nargs == 0 && len(l.nums) > 0 {
+		return fmt.Sprintf("$%d and no arguments: pgx refuses it", l.nums[0])
+	}
+	used := make([]bool, nargs)
+	for _, n := range l.nums {
+		if n < 1 || n > nargs {
+			return fmt.Sprintf("$%d and %d arguments: pgx refuses it", n, nargs)
+		}
+		used[n-1] = true
+	}
+	for i, u := range used {
+		if !u {
+			return fmt.Sprintf("argument %d unused: pgx refuses it", i+1)
+		}
+	}
 	if hasArgs {
 		// Every "$<digit>" must be one of the parameters the lexer saw.
 		for i := 0; i < len(sql); i++ {
@@ -226,6 +245,7 @@ type lexer struct {
 	// space and line comments followed it.
 	afterString bool
 	params      map[int]bool // positions of the $n parameters read
+	nums        []int        // their numbers, in order
 }
 
 // token reads the token (or white space, or comment) at l.i and returns
@@ -275,6 +295,11 @@ func (l *lexer) token(hasArgs bool) string {
 			l.params = map[int]bool{}
 		}
 		l.params[i] = true
+		n, err := strconv.Atoi(s[i+1 : j])
+		if err != nil || n > 1<<20 {
+			return "a $n parameter out of range"
+		}
+		l.nums = append(l.nums, n)
 		l.i, l.afterString = j, false
 	case c == '$':
 		if tag, ok := dollarTag(s, i); ok {

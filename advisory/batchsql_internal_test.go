@@ -42,12 +42,12 @@ var (
 func TestBatchCheckRefusesEndersInEveryMode(t *testing.T) {
 	for _, simple := range []bool{false, true} {
 		for _, sql := range enders {
-			if refusal(sql, false, simple) == "" {
+			if refusal(sql, 0, simple) == "" {
 				t.Errorf("simple=%v: %q not refused", simple, sql)
 			}
 		}
 		for _, sql := range savepoints {
-			if r := refusal(sql, false, simple); r != "" {
+			if r := refusal(sql, 0, simple); r != "" {
 				t.Errorf("simple=%v: savepoint statement %q refused: %s", simple, sql, r)
 			}
 		}
@@ -83,7 +83,7 @@ func TestBatchCheckSimpleProtocol(t *testing.T) {
 		"CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1; END",
 	}
 	for _, sql := range refused {
-		if simpleRefusal(sql, false) == "" {
+		if simpleRefusal(sql, 0) == "" {
 			t.Errorf("%q not refused", sql)
 		}
 	}
@@ -114,14 +114,17 @@ func TestBatchCheckSimpleProtocol(t *testing.T) {
 		"CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $$SELECT 1; $$",
 	}
 	for _, sql := range fine {
-		if r := simpleRefusal(sql, false); r != "" {
+		if r := simpleRefusal(sql, 0); r != "" {
 			t.Errorf("%q refused: %s", sql, r)
 		}
 	}
 
-	withArgs := map[string]bool{ // refused?
+	withArgs := map[string]bool{ // refused, with one argument?
 		"INSERT INTO t VALUES ($1)":  false,
-		"SELECT $1::int; SELECT $2":  false,
+		"SELECT $1::int; SELECT $1":  false,
+		"SELECT $1::int; SELECT $2":  true, // pgx: insufficient arguments
+		"SELECT 1":                   true, // pgx: unused argument
+		"SELECT $0":                  true,
 		"SELECT 'a', $1":             false,
 		"SELECT '$1', $1":            true,
 		"SELECT $1 /* $1 */":         true,
@@ -136,9 +139,20 @@ func TestBatchCheckSimpleProtocol(t *testing.T) {
 		"SELECT 1 AS x$a$, $1, $a$a": true,
 	}
 	for sql, want := range withArgs {
-		if got := simpleRefusal(sql, true) != ""; got != want {
+		if got := simpleRefusal(sql, 1) != ""; got != want {
 			t.Errorf("%q with arguments: refused %v, want %v", sql, got, want)
 		}
+	}
+	if r := simpleRefusal("SELECT $2, $1, $2", 2); r != "" {
+		t.Errorf("two arguments refused: %s", r)
+	}
+	for _, sql := range []string{"SELECT $1", "SELECT $1 -- c\n; COMMIT"} {
+		if simpleRefusal(sql, 0) == "" {
+			t.Errorf("%q without arguments not refused", sql)
+		}
+	}
+	if r := simpleRefusal("SELECT 'costs $1'", 0); r != "" {
+		t.Errorf("a $1 in a literal, no arguments, refused: %s", r)
 	}
 }
 
@@ -153,19 +167,19 @@ func TestBatchCheckExtendedProtocolReadsTheLeadingKeyword(t *testing.T) {
 		"SELECT $a$",
 		"CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1; END",
 	} {
-		if r := refusal(sql, true, false); r != "" {
+		if r := refusal(sql, 1, false); r != "" {
 			t.Errorf("%q refused: %s", sql, r)
 		}
 	}
 	// What no statement starts with: maybe a prepared statement's name.
 	for _, sql := range []string{"finish", "\"COMMIT\"", "x$1", "@x", "1", "'COMMIT'", "-- c\rfinish", ";finish"} {
-		if refusal(sql, false, false) == "" {
+		if refusal(sql, 0, false) == "" {
 			t.Errorf("%q not refused", sql)
 		}
 	}
 	for _, sql := range []string{"(SELECT 1)", " -- only a comment", ";", "WITH x AS (SELECT 1) SELECT 1",
 		"VALUES (1)", "TABLE t", "explain SELECT 1", "; -- c\r\n; /* */ select 1", "ANALYSE t"} {
-		if r := refusal(sql, false, false); r != "" {
+		if r := refusal(sql, 0, false); r != "" {
 			t.Errorf("%q refused: %s", sql, r)
 		}
 	}
@@ -349,7 +363,7 @@ func (sb *sandbox) ends(entries []entry) bool {
 // refused applies WithXactLockBatch's check to entries in mode.
 func refused(entries []entry, mode pgx.QueryExecMode) string {
 	for i, e := range entries {
-		if r := refusal(e.sql, len(e.args) > 0, mode == pgx.QueryExecModeSimpleProtocol); r != "" {
+		if r := refusal(e.sql, len(e.args), mode == pgx.QueryExecModeSimpleProtocol); r != "" {
 			return fmt.Sprintf("entry %d: %s", i, r)
 		}
 	}
