@@ -34,30 +34,32 @@ import (
 // reads b as pgx will send it on the call's connection: in that
 // connection's DefaultQueryExecMode, and with a pgx.QueryRewriter (such as
 // pgx.NamedArgs) applied first, once: the call sends the rewritten
-// statements the check read. Refused in every mode: an empty string, and
-// a statement that begins, after white space, comments and semicolons,
-// with BEGIN, START, COMMIT, END, ABORT, PREPARE TRANSACTION, or ROLLBACK
-// other than ROLLBACK [WORK | TRANSACTION] TO (AND CHAIN and PREPARED
-// forms included). In the extended protocol (every mode but
-// pgx.QueryExecModeSimpleProtocol) each string of b is one statement:
-// PostgreSQL fails a string of several (SQLSTATE 42601, the batch is not
-// committed), so only its leading keywords are read; a string whose first
-// word starts no PostgreSQL statement is refused too, since pgx runs the
-// statement prepared (pgx.Conn.Prepare) under a name equal to the string
-// in its place, whose text the check cannot read. In the simple
-// protocol pgx joins the strings into one text: each is split into
-// statements as PostgreSQL's lexer splits it, each statement is checked,
-// and also refused is a string that leaves a literal, quoted identifier,
-// dollar quote or /* comment open (it would go on into the next string), a
-// number or $n directly followed by a letter or an underscore (1e'x',
-// 0x1F: PostgreSQL versions read these differently), and, when the string
-// has arguments, a $n that PostgreSQL does not read as a parameter (inside
-// a literal, an identifier, a comment) or a parameter right after a string
-// literal (pgx substitutes arguments with a lexer of its own), and a
-// string whose $n parameters do not match its arguments (pgx would refuse
-// it, before sending anything); a CREATE
+// statements the check read. Refused in every mode: an empty string, and a
+// statement that begins, after white space, comments and semicolons, with
+// BEGIN, START, COMMIT, END, ABORT, PREPARE TRANSACTION, or ROLLBACK other
+// than ROLLBACK [WORK | TRANSACTION] TO (AND CHAIN and PREPARED forms
+// included).
+//
+// In the extended protocol (every mode but pgx.QueryExecModeSimpleProtocol)
+// each string of b is one statement: PostgreSQL fails a string of several
+// (SQLSTATE 42601, the batch is not committed), so only its leading
+// keywords are read; a string whose first word starts no PostgreSQL
+// statement is refused too, since pgx runs the statement prepared
+// (pgx.Conn.Prepare) under a name equal to the string in its place, whose
+// text the check cannot read. In the simple protocol pgx joins the strings
+// into one text: each is split into statements as PostgreSQL's lexer
+// splits it and each statement is checked; also refused there is a string
+// that leaves a literal, quoted identifier, dollar quote or /* comment open
+// (it would go on into the next string), a number or $n directly followed
+// by a letter or an underscore (1e'x', 0x1F: PostgreSQL versions read these
+// differently), a string whose $n parameters do not match its arguments
+// (pgx would refuse it, before sending anything), and, when the string has
+// arguments, a $n that PostgreSQL does not read as a parameter (inside a
+// literal, an identifier, a comment) or a parameter right after a string
+// literal (pgx substitutes arguments with a lexer of its own). A CREATE
 // FUNCTION whose BEGIN ATOMIC body ends with END after a semicolon is
 // refused as well there (a dollar-quoted body is not).
+//
 // SAVEPOINT, RELEASE [SAVEPOINT] and ROLLBACK [WORK | TRANSACTION] TO
 // [SAVEPOINT] are fine: the keys, taken before any savepoint of b, stay
 // held. No other statement ends the transaction: a COMMIT or ROLLBACK run
