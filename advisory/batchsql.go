@@ -171,6 +171,10 @@ func refusal(sql string, nargs int, simple bool) string {
 //   - a number or a $n parameter directly followed by a letter or an
 //     underscore (1e'x', 1_000, 0x1F, $1abc): versions of PostgreSQL
 //     disagree on where such a token ends;
+//   - $n parameters that do not match the arguments (one beyond them, an
+//     argument unused, any with no arguments): pgx fails such a string
+//     before sending anything, which the call could not tell from a
+//     pipeline sent and unanswered;
 //   - with arguments, a $n that PostgreSQL does not read as a parameter (in
 //     a literal, quoted identifier, dollar quote, comment or identifier), or
 //     a parameter that follows a string literal with only white space or
