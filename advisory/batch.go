@@ -26,11 +26,46 @@ import (
 // pgx sends statements whose text and arguments are known up front, and how
 // their results are read: attach readers with QueuedQuery.Query, QueryRow
 // or Exec; they run in order as the results arrive. b is read, not changed
-// or sent: it may be reused. b must not begin or end a transaction itself
-// (BEGIN, START TRANSACTION, COMMIT, END, ROLLBACK, ABORT, PREPARE
-// TRANSACTION): its statements must run inside the one the call opens, so
-// such a batch is refused with ErrInvalid before anything is sent.
-// SAVEPOINT, RELEASE and ROLLBACK TO SAVEPOINT are fine.
+// or sent: it may be reused.
+//
+// b must not begin, end or leave a transaction itself: its statements must
+// run inside the one the call opens, which holds the keys. A batch that
+// would is refused with ErrInvalid before anything of it is sent. The check
+// reads b as pgx will send it on the call's connection: in that
+// connection's DefaultQueryExecMode, and with a pgx.QueryRewriter (such as
+// pgx.NamedArgs) applied first, once: the call sends the rewritten
+// statements the check read. Refused in every mode: an empty string, and a
+// statement that begins, after white space, comments and semicolons, with
+// BEGIN, START, COMMIT, END, ABORT, PREPARE TRANSACTION, or ROLLBACK other
+// than ROLLBACK [WORK | TRANSACTION] TO (AND CHAIN and PREPARED forms
+// included).
+//
+// In the extended protocol (every mode but pgx.QueryExecModeSimpleProtocol)
+// each string of b is one statement: PostgreSQL fails a string of several
+// (SQLSTATE 42601, the batch is not committed), so only its leading
+// keywords are read; a string whose first word starts no PostgreSQL
+// statement is refused too, since pgx runs the statement prepared
+// (pgx.Conn.Prepare) under a name equal to the string in its place, whose
+// text the check cannot read. In the simple protocol pgx joins the strings
+// into one text: each is split into statements as PostgreSQL's lexer
+// splits it and each statement is checked; also refused there is a string
+// that leaves a literal, quoted identifier, dollar quote or /* comment open
+// (it would go on into the next string), a number or $n directly followed
+// by a letter or an underscore (1e'x', 0x1F: PostgreSQL versions read these
+// differently), a string whose $n parameters do not match its arguments
+// (pgx would refuse it, before sending anything), and, when the string has
+// arguments, a $n that PostgreSQL does not read as a parameter (inside a
+// literal, an identifier, a comment) or a parameter right after a string
+// literal (pgx substitutes arguments with a lexer of its own). A CREATE
+// FUNCTION whose BEGIN ATOMIC body ends with END after a semicolon is
+// refused as well there (a dollar-quoted body is not).
+//
+// SAVEPOINT, RELEASE [SAVEPOINT] and ROLLBACK [WORK | TRANSACTION] TO
+// [SAVEPOINT] are fine: the keys, taken before any savepoint of b, stay
+// held. No other statement ends the transaction: a COMMIT or ROLLBACK run
+// by a procedure (CALL) or a DO block fails inside it (SQLSTATE 2D000), as
+// do statements that cannot run in a transaction block (VACUUM, CREATE
+// DATABASE), and nothing of b is kept.
 //
 // All or nothing: when a lock cannot be taken or any statement of b fails,
 // the server skips everything after it, COMMIT included, and the
@@ -67,9 +102,9 @@ import (
 //   - nil: committed; every reader returned nil;
 //   - a *ReaderError: committed; a reader returned an error;
 //   - a *LockError matching ErrLockTimeout, ErrDeadlock, ErrTooManyLocks,
-//     ErrNoConnection or ErrInvalid (nil b, bad keys), or holding ctx's
-//     error when ctx was cancelled during the wait: nothing of b ran to
-//     completion and nothing is kept;
+//     ErrNoConnection or ErrInvalid (nil b, bad keys, a batch the check
+//     above refuses), or holding ctx's error when ctx was cancelled during
+//     the wait: nothing of b ran to completion and nothing is kept;
 //   - an error matching pooltx.ErrNotCommitted: a statement of b, or
 //     COMMIT, failed (its *pgconn.PgError is in the chain), or pgx refused
 //     b before running any of it (a pgx.ErrPreprocessingBatch: a statement
@@ -84,7 +119,8 @@ func (l *Locker) WithXactLockBatch(ctx context.Context, ks []keys.Key, opts *Opt
 	return l.withXactBatch(ctx, ks, opts, false, b)
 }
 
-// TryWithXactLockBatch is WithXactLockBatch without waiting: when a key is
+// TryWithXactLockBatch is WithXactLockBatch without waiting (b is checked
+// as there, and refused with ErrInvalid alike): when a key is
 // busy, the lock statement fails on the server, so that none of b's
 // statements runs and the transaction is rolled back, and the error is a
 // *LockError matching ErrNotAcquired. (pg_try_advisory_xact_lock answers
@@ -165,9 +201,6 @@ func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options
 	if b == nil {
 		return &LockError{Op: op, Keys: ks, Err: invalid("nil batch")}
 	}
-	if i, w, found := endsTransaction(b); found {
-		return &LockError{Op: op, Keys: ks, Err: invalid("statement %d of the batch begins or ends a transaction (%s): the call's transaction must hold the keys until its own COMMIT", i, w)}
-	}
 	s, err := newKeySet(ks, l.cfg.MaxKeys)
 	if err != nil {
 		return &LockError{Op: op, Keys: ks, Err: err}
@@ -185,7 +218,15 @@ func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options
 	defer t.leave() // idempotent
 
 	for retried := false; ; retried = true {
-		x := batchAttempt{l: l, ctx: ctx, wctx: wctx, c: c, s: &s, op: op, shared: shared, try: try}
+		// The check reads b as pgx will send it on this connection (its
+		// QueryExecMode, its QueryRewriters): see batchsql.go.
+		checked, i, why, found := checkBatch(ctx, c.Conn(), b)
+		if found {
+			err = &LockError{Op: op, Keys: s.all, Err: invalid("statement %d of the batch is refused: %s: the call's transaction must hold the keys until its own COMMIT", i, why)}
+			sp.acquired(err)
+			return err
+		}
+		x := batchAttempt{l: l, ctx: ctx, wctx: wctx, c: c, s: &s, op: op, shared: shared, try: try, checked: checked}
 		err = x.run(b)
 		t.leave() // the lock statement is over, whatever its outcome
 		if x.locked {
@@ -231,6 +272,7 @@ type batchAttempt struct {
 	op        string
 	shared    bool
 	try       bool
+	checked   []pgx.QueuedQuery // the caller's statements, as checkBatch read them
 
 	// Set by the result handlers, in pipeline order.
 	locked    bool         // every lock statement answered: the keys were held
@@ -280,7 +322,7 @@ func (x *batchAttempt) run(b *pgx.Batch) error {
 	if timeout != "" {
 		p.Queue(sqlRestoreTimeout)
 	}
-	x.queueCallers(p, b)
+	x.queueCallers(p)
 	p.Queue("commit").Exec(func(tag pgconn.CommandTag) error {
 		if tag.String() != "COMMIT" {
 			return pgx.ErrTxCommitRollback // the transaction had failed: nothing kept
@@ -360,11 +402,14 @@ func (x *batchAttempt) failed(err error) error {
 // so that its error is kept as a *ReaderError and does not stop pgx from
 // reading the rest (COMMIT's answer included). A statement's own failure
 // still stops the batch: pgx records it apart from the readers' errors.
-func (x *batchAttempt) queueCallers(p, b *pgx.Batch) {
-	qs := make([]pgx.QueuedQuery, len(b.QueuedQueries))
-	for i, q := range b.QueuedQueries {
-		qs[i] = *q
-		if fn := q.Fn; fn != nil {
+//
+// The copies are checkBatch's: each as the check read it, its
+// QueryRewriter already applied, so that pgx sends exactly what was
+// checked (a rewriter is called once).
+func (x *batchAttempt) queueCallers(p *pgx.Batch) {
+	qs := x.checked
+	for i := range qs {
+		if fn := qs[i].Fn; fn != nil {
 			qs[i].Fn = func(br pgx.BatchResults) error {
 				if err := fn(br); err != nil && x.readErr == nil {
 					x.readErr = &ReaderError{Index: i, Err: err}

@@ -443,7 +443,7 @@ func TestXactLockBatchRefusedByPgx(t *testing.T) {
 	p := newProbe(t)
 
 	bad := writes(table, 1)
-	bad.Queue("SELEC 1")
+	bad.Queue("SELECT 1 +")
 	err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, bad)
 	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
 	var pgErr *pgconn.PgError
@@ -492,43 +492,291 @@ func TestXactLockBatchRetriesDeadIdleConnection(t *testing.T) {
 	assert.NotEqual(t, pid, connPID(ctx, t, pool))
 }
 
-// A batch that would end the call's transaction itself (a COMMIT among its
-// statements would release the keys and keep what ran before it, whatever
-// failed after) is refused with ErrInvalid before anything is sent; the
-// savepoint statements that stay inside the transaction are accepted.
-func TestXactLockBatchRefusesStatementsThatEndTheTransaction(t *testing.T) {
-	ctx := testCtx(t)
-	pool := onePool(t, nil)
-	table := batchTable(t, pool)
-	l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
-	k := key(t)
-	for _, stmt := range []string{"COMMIT", "end", "ROLLBACK", "abort", "BEGIN", "START TRANSACTION",
-		"PREPARE TRANSACTION 'x'", "/* c */ commit", "SELECT 1; COMMIT"} {
-		b := writes(table, 1)
-		b.Queue(stmt)
-		b.Queue("INSERT INTO " + table + " (id, v) VALUES (1, 'duplicate')")
-		for _, call := range []func(context.Context, []keys.Key, *advisory.Options, *pgx.Batch) error{
-			l.WithXactLockBatch, l.TryWithXactLockBatch,
-		} {
-			err := call(ctx, []keys.Key{k}, nil, b)
-			require.ErrorIs(t, err, advisory.ErrInvalid, stmt)
-			assert.Contains(t, err.Error(), "statement 3", stmt)
-		}
-		assert.Zero(t, rowCount(ctx, t, pool, table), "%s: nothing ran", stmt)
-	}
+// execModes are pgx's five ways of sending a statement.
+var execModes = []pgx.QueryExecMode{
+	pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec,
+	pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol,
+}
 
-	b := &pgx.Batch{}
-	b.Queue("INSERT INTO " + table + " (id, v) VALUES (1, 'kept')")
-	b.Queue("SAVEPOINT s")
-	b.Queue("INSERT INTO " + table + " (id, v) VALUES (2, 'undone')")
-	b.Queue("ROLLBACK TO SAVEPOINT s")
-	b.Queue("RELEASE SAVEPOINT s")
-	var held bool
+// modePool is a pool of one connection whose statements go in mode.
+func modePool(t *testing.T, mode pgx.QueryExecMode) *pgxpool.Pool {
+	t.Helper()
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	cfg.ConnConfig.DefaultQueryExecMode = mode
+	return pgtest.NewPool(t, cfg)
+}
+
+func TestXactLockBatchRefusesStatementsThatEndTheTransaction(t *testing.T) {
+	for _, mode := range execModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			pool := modePool(t, mode)
+			table := batchTable(t, pool)
+			l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+			k := key(t)
+			for _, stmt := range []string{"COMMIT", "end", "ROLLBACK", "abort", "BEGIN", "START TRANSACTION",
+				"PREPARE TRANSACTION 'x'", "/* c */ commit", "COMMIT AND CHAIN", "rollback and chain",
+				"COMMIT PREPARED 'x'", "ROLLBACK PREPARED 'x'", "; COMMIT", ""} {
+				b := writes(table, 1)
+				b.Queue(stmt)
+				b.Queue("INSERT INTO " + table + " (id, v) VALUES (1, 'duplicate')")
+				for _, call := range []func(context.Context, []keys.Key, *advisory.Options, *pgx.Batch) error{
+					l.WithXactLockBatch, l.TryWithXactLockBatch,
+				} {
+					err := call(ctx, []keys.Key{k}, nil, b)
+					require.ErrorIs(t, err, advisory.ErrInvalid, stmt)
+					assert.Contains(t, err.Error(), "statement 3", stmt)
+				}
+				assert.Zero(t, rowCount(ctx, t, pool, table), "%s: nothing ran", stmt)
+			}
+
+			// Several statements in one string: the simple protocol reads
+			// them and refuses; the extended one sends each string in a Parse
+			// of its own, which PostgreSQL fails (42601): nothing kept.
+			b := writes(table, 1)
+			b.Queue("SELECT 1; COMMIT")
+			err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b)
+			if mode == pgx.QueryExecModeSimpleProtocol {
+				require.ErrorIs(t, err, advisory.ErrInvalid)
+			} else {
+				require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr)
+				assert.Equal(t, "42601", pgErr.Code)
+			}
+			assert.Zero(t, rowCount(ctx, t, pool, table))
+
+			// Checked as pgx sends it: a QueryRewriter is applied first.
+			b = writes(table, 1)
+			b.Queue("SELECT 1", rewriteTo("COMMIT"))
+			require.ErrorIs(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b), advisory.ErrInvalid)
+			b = writes(table, 1)
+			b.Queue("SELECT @n::int", pgx.NamedArgs{"n": 1})
+			require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b))
+			// Called once: what pgx sends is what was checked.
+			calls := 0
+			b = &pgx.Batch{}
+			b.Queue("ignored", rewriteOnce{&calls})
+			require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b))
+			assert.Equal(t, 1, calls)
+			_, err = pool.Exec(ctx, "DELETE FROM "+table)
+			require.NoError(t, err)
+
+			// Transaction control in a DO block fails inside the call's
+			// transaction block: nothing kept.
+			b = writes(table, 1)
+			b.Queue("DO $$BEGIN COMMIT; END$$")
+			err = l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b)
+			require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr)
+			assert.Equal(t, "2D000", pgErr.Code)
+			assert.Zero(t, rowCount(ctx, t, pool, table))
+
+			b = &pgx.Batch{}
+			b.Queue("INSERT INTO " + table + " (id, v) VALUES (1, 'kept')")
+			b.Queue("SAVEPOINT s")
+			b.Queue("INSERT INTO " + table + " (id, v) VALUES (2, 'undone')")
+			b.Queue("ROLLBACK TO SAVEPOINT s")
+			b.Queue("RELEASE SAVEPOINT s")
+			held := queueHeld(b, k)
+			require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b))
+			assert.True(t, *held, "ROLLBACK TO SAVEPOINT keeps the keys taken before the savepoint")
+			assert.Equal(t, 1, rowCount(ctx, t, pool, table))
+		})
+	}
+}
+
+// rewriteTo is a pgx.QueryRewriter that sends its string instead.
+type rewriteTo string
+
+func (r rewriteTo) RewriteQuery(context.Context, *pgx.Conn, string, []any) (string, []any, error) {
+	return string(r), nil, nil
+}
+
+// rewriteOnce is a pgx.QueryRewriter that sends SELECT 1 when first called
+// and COMMIT after.
+type rewriteOnce struct{ calls *int }
+
+func (r rewriteOnce) RewriteQuery(context.Context, *pgx.Conn, string, []any) (string, []any, error) {
+	if *r.calls++; *r.calls == 1 {
+		return "SELECT 1", nil, nil
+	}
+	return "COMMIT", nil, nil
+}
+
+// queueHeld queues a statement that reads whether the session holds k; the
+// answer lands in the returned bool (false until the reader runs).
+func queueHeld(b *pgx.Batch, k keys.Key) *bool {
+	held := new(bool)
 	classid, objid, objsubid := k.PgLocks()
 	b.Queue(`SELECT count(*) = 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()
 		AND classid = $1 AND objid = $2 AND objsubid = $3`, classid, objid, objsubid).
-		QueryRow(func(row pgx.Row) error { return row.Scan(&held) })
-	require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b))
-	assert.True(t, held, "ROLLBACK TO SAVEPOINT keeps the keys taken before the savepoint")
-	assert.Equal(t, 1, rowCount(ctx, t, pool, table))
+		QueryRow(func(row pgx.Row) error { return row.Scan(held) })
+	return held
+}
+
+// Issue 20 part 1: statements that PostgreSQL reads as ending the
+// transaction, hidden from the check of 6e91e24 by a line comment ended by
+// a carriage return (every mode), and in the simple protocol by an
+// identifier ending in e before a quote, a $ inside an identifier, a dollar
+// quote opened in one entry and closed in the next. Each is refused now:
+// nothing of the batch runs, so no statement runs after the keys would have
+// been released (the reader after the hidden statement would see the key
+// no longer held), and nothing is kept.
+func TestXactLockBatchRefusesWhatPostgresReadsAsEndingTheTransaction(t *testing.T) {
+	cases := map[string][]string{
+		"comment ended by CR, COMMIT":   {"-- x\rCOMMIT"},
+		"comment ended by CR, END":      {"--\rEND"},
+		"comment ended by CR, ROLLBACK": {"-- x\rROLLBACK"},
+		"leading semicolon":             {"; COMMIT"},
+	}
+	simpleOnly := map[string][]string{
+		"identifier ending in e before a quote": {"SELECT name'\\'; COMMIT; --'"},
+		"$ inside identifiers":                  {"SELECT 1 AS x$a$; COMMIT; SELECT 1 AS y$a$"},
+		"dollar quote across entries":           {"SELECT $a$", "$a$; COMMIT; SELECT $a$", "$a$"},
+		"comment ended by CR after a statement": {"SELECT 1; -- x\rCOMMIT"},
+	}
+	for _, mode := range execModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			pool := modePool(t, mode)
+			l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+			k := key(t)
+			run := func(name string, stmts []string) {
+				table := batchTable(t, pool)
+				b := writes(table, 1)
+				for _, s := range stmts {
+					b.Queue(s)
+				}
+				ran := false
+				held := queueHeld(b, k)
+				b.QueuedQueries[b.Len()-1].Fn = func(br pgx.BatchResults) error {
+					ran = true
+					return br.QueryRow().Scan(held)
+				}
+				b.Queue("INSERT INTO " + table + " (id, v) VALUES (4, 'after')")
+				err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b)
+				assert.ErrorIs(t, err, advisory.ErrInvalid, name)
+				assert.False(t, ran && !*held, "%s: a statement ran after the keys were released", name)
+				assert.False(t, ran, "%s: nothing runs", name)
+				assert.Zero(t, rowCount(ctx, t, pool, table), "%s: nothing kept", name)
+			}
+			for name, stmts := range cases {
+				run(name, stmts)
+			}
+			if mode == pgx.QueryExecModeSimpleProtocol {
+				for name, stmts := range simpleOnly {
+					run(name, stmts)
+				}
+			}
+		})
+	}
+}
+
+// In the simple protocol pgx substitutes arguments into the text with a
+// lexer of its own, which reads name'...' as an E'...' string: a $n that
+// PostgreSQL reads inside a literal gets substituted, and an argument such
+// as "'; COMMIT; --" closes the literal and runs its COMMIT. The check
+// refuses a $n that PostgreSQL does not read as a parameter when the
+// string has arguments: nothing runs, nothing is kept.
+func TestXactLockBatchRefusesArgumentsPgxSubstitutesInsideALiteral(t *testing.T) {
+	ctx := testCtx(t)
+	pool := modePool(t, pgx.QueryExecModeSimpleProtocol)
+	table := batchTable(t, pool)
+	l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+	k := key(t)
+	b := writes(table, 1)
+	b.Queue(`SELECT name'\' AS a, ' $1 ' AS b`, "'; COMMIT; --")
+	held := queueHeld(b, k)
+	err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b)
+	assert.ErrorIs(t, err, advisory.ErrInvalid)
+	assert.False(t, *held)
+	assert.Zero(t, rowCount(ctx, t, pool, table), "nothing kept")
+}
+
+// pgx's extended modes run the statement prepared under a queued string's
+// name instead of the string: "finish", prepared as COMMIT, committed on
+// 6e91e24. A string that does not start as a statement does is refused in
+// those modes; the simple protocol sends it as text, which fails.
+func TestXactLockBatchRefusesAPreparedStatementsName(t *testing.T) {
+	for _, mode := range execModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			cfg := pgtest.Config(t)
+			cfg.MaxConns = 1
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+				_, err := c.Prepare(ctx, "finish", "COMMIT")
+				return err
+			}
+			pool := pgtest.NewPool(t, cfg)
+			table := batchTable(t, pool)
+			l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+			b := writes(table, 1)
+			b.Queue("finish")
+			b.Queue("INSERT INTO " + table + " (id, v) VALUES (4, 'after')")
+			err := l.WithXactLockBatch(ctx, []keys.Key{key(t)}, nil, b)
+			if mode == pgx.QueryExecModeSimpleProtocol {
+				// The whole text fails to parse, BEGIN and the lock included.
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr)
+				assert.Equal(t, "42601", pgErr.Code)
+			} else {
+				assert.ErrorIs(t, err, advisory.ErrInvalid)
+			}
+			assert.Zero(t, rowCount(ctx, t, pool, table), "nothing kept")
+		})
+	}
+}
+
+// In the simple protocol pgx itself refuses a string whose $n parameters do
+// not match its arguments, before sending anything; on 6e91e24 the call
+// took that for a pipeline sent and unanswered (pooltx.ErrCommitUnknown)
+// and destroyed the connection. The check refuses it: ErrInvalid, and the
+// connection is kept.
+func TestXactLockBatchSimpleProtocolParameterMismatchIsInvalid(t *testing.T) {
+	ctx := testCtx(t)
+	pool := modePool(t, pgx.QueryExecModeSimpleProtocol)
+	l := newLocker(t, pool, advisory.Config{})
+	pid := connPID(ctx, t, pool)
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{{"SELECT $1::int", nil}, {"SELECT $2::int", []any{1}}, {"SELECT 1", []any{1}}} {
+		b := &pgx.Batch{}
+		b.Queue(q.sql, q.args...)
+		err := l.WithXactLockBatch(ctx, []keys.Key{key(t)}, nil, b)
+		assert.ErrorIs(t, err, advisory.ErrInvalid, q.sql)
+		assert.NotErrorIs(t, err, pooltx.ErrCommitUnknown, q.sql)
+	}
+	assert.Equal(t, pid, connPID(ctx, t, pool), "the connection was kept")
+}
+
+// The savepoint statements the doc allows are not refused: ROLLBACK
+// [WORK | TRANSACTION] TO [SAVEPOINT] keeps the keys, in every mode.
+func TestXactLockBatchAllowsEverySavepointForm(t *testing.T) {
+	for _, mode := range execModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			pool := modePool(t, mode)
+			table := batchTable(t, pool)
+			l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+			k := key(t)
+			for i, stmt := range []string{"ROLLBACK TRANSACTION TO SAVEPOINT s", "ROLLBACK WORK TO s",
+				"rollback to s", "ROLLBACK WORK TO SAVEPOINT s", "ROLLBACK -- c\rTO s"} {
+				b := &pgx.Batch{}
+				b.Queue("INSERT INTO "+table+" (id, v) VALUES ($1, 'kept')", 10*i)
+				b.Queue("SAVEPOINT s")
+				b.Queue("INSERT INTO "+table+" (id, v) VALUES ($1, 'undone')", 10*i+1)
+				b.Queue(stmt)
+				b.Queue("RELEASE s")
+				held := queueHeld(b, k)
+				require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b), stmt)
+				assert.True(t, *held, "%s keeps the keys", stmt)
+				assert.Equal(t, i+1, rowCount(ctx, t, pool, table), stmt)
+			}
+		})
+	}
 }

@@ -30,7 +30,13 @@
 // one pipeline, in one round trip; a busy key ([Locker.TryWithXactLockBatch]),
 // a lock timeout or a failed statement stops the pipeline on the server, so
 // none of the batch is kept. Its readers run after COMMIT was sent and
-// cannot undo it.
+// cannot undo it. A batch with a statement that would begin or end the
+// call's transaction (COMMIT, ROLLBACK, BEGIN, ...; savepoints are fine)
+// is refused with ErrInvalid before it is sent; in the simple protocol,
+// where pgx joins the batch into one text, each string is read as
+// PostgreSQL's lexer reads it, and a string the check cannot read for sure
+// (a quote or comment left open, a token PostgreSQL versions read
+// differently) is refused too: the list is in WithXactLockBatch's doc.
 //
 // # Locks inside the caller's transaction
 //
