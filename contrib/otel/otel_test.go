@@ -217,7 +217,7 @@ func TestSequenceSpansAndMetrics(t *testing.T) {
 			kvs = append(kvs, e.Attributes...)
 		}
 		for _, kv := range kvs {
-			str := kv.Value.Emit()
+			str := kv.Value.String()
 			require.NotContains(t, str, secret)
 			require.NotContains(t, str, strconv.FormatInt(v, 10))
 		}
@@ -237,7 +237,7 @@ func TestSequenceSpansAndMetrics(t *testing.T) {
 		for _, dp := range got[name].(metricdata.Sum[int64]).DataPoints {
 			var parts []string
 			for _, kv := range dp.Attributes.ToSlice() {
-				parts = append(parts, string(kv.Key)+"="+kv.Value.Emit())
+				parts = append(parts, string(kv.Key)+"="+kv.Value.String())
 			}
 			out[strings.Join(parts, ",")] += dp.Value
 		}
