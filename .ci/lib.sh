@@ -42,9 +42,11 @@ library_version() {
 # command fetches github.com/pgxlock/* from it through git (GOPRIVATE: no
 # proxy, no checksum database; git's url.insteadOf in a private global git
 # config) and everything else from the Go proxy, with the local module cache
-# as a first, offline, proxy. The module cache is SCRATCH/modcache, so the
-# simulated release never lands in the developer's cache. Uncommitted
-# changes are not in the copy.
+# as a first, offline, proxy. The module cache is a private one, so the
+# simulated release never lands in the developer's cache: ci_modcache's,
+# kept between runs (a stable path keeps the build cache warm) with its
+# github.com/pgxlock/* entries removed first. Uncommitted changes are not in
+# the copy.
 serve_tagged_copy() {
   local scratch=$1 version=$2 d cache proxy
   git clone -q --bare . "$scratch/origin.git"
@@ -64,12 +66,28 @@ CFG
   export GIT_ALLOW_PROTOCOL=file:https:ssh
   export GOPRIVATE=github.com/pgxlock/* GONOSUMDB=github.com/pgxlock/* GONOPROXY=github.com/pgxlock/*
   export GOWORK=off GOFLAGS=-mod=mod
-  export GOMODCACHE="$scratch/modcache"
   export GOPROXY="file://$cache/cache/download,$proxy"
+  ci_modcache
+  export GOMODCACHE="$CI_MODCACHE"
 }
 
-# clean_scratch SCRATCH: the module cache is read-only.
+# ci_modcache sets CI_MODCACHE to the private module cache of .ci/tidy and
+# .ci/goget (PGXLOCK_CI_MODCACHE, else under TMPDIR), after taking its lock
+# (held until the calling shell exits: one such script at a time) and
+# removing the github.com/pgxlock/* modules a previous simulated release
+# left in it.
+ci_modcache() {
+  local c=${PGXLOCK_CI_MODCACHE:-${TMPDIR:-/tmp}/pgxlock-ci-modcache-$(id -u)} d
+  CI_MODCACHE=$c
+  mkdir -p "$c"
+  exec 9>"$c.lock"
+  flock 9
+  for d in "$c/github.com/pgxlock" "$c/cache/download/github.com/pgxlock"; do
+    if [ -e "$d" ]; then chmod -R u+w "$d"; rm -rf "$d"; fi
+  done
+}
+
+# clean_scratch SCRATCH removes the scratch directory (not the module cache).
 clean_scratch() {
-  [ -d "$1/modcache" ] && chmod -R u+w "$1/modcache" 2>/dev/null
   rm -rf "$1"
 }
