@@ -82,7 +82,8 @@ ci_modcache() {
   mkdir -p "$c"
   exec 9>"$c.lock"
   flock 9
-  for d in "$c/github.com/pgxlock" "$c/cache/download/github.com/pgxlock"; do
+  # cache/vcs holds the git clones of direct fetches: only github.com/pgxlock/*.
+  for d in "$c/github.com/pgxlock" "$c/cache/download/github.com/pgxlock" "$c/cache/vcs"; do
     if [ -e "$d" ]; then chmod -R u+w "$d"; rm -rf "$d"; fi
   done
 }
