@@ -317,3 +317,51 @@ func TestLongHoldExportsAcquisitionWhileHeld(t *testing.T) {
 	require.Len(t, hold.Events, 1)
 	require.Equal(t, pgxlockotel.EventReleased, hold.Events[0].Name)
 }
+
+// A hold span ends once: a loss followed by a release of the same lock (or
+// the reverse) adds no second event and no second End.
+func TestHoldSpanEndsOnce(t *testing.T) {
+	tr, sr, _ := newTracer(t)
+	start := advisory.TraceAcquireStartData{Keys: []keys.Key{keys.Int64(1)}, Scope: advisory.ScopeSession}
+	ctx := tr.TraceAcquireStart(context.Background(), start)
+	tr.TraceAcquireEnd(ctx, advisory.TraceAcquireEndData{TraceAcquireStartData: start, Outcome: advisory.OutcomeAcquired})
+	tr.TraceLost(ctx, advisory.TraceLostData{Keys: start.Keys, Err: advisory.ErrLockLost})
+	tr.TraceRelease(ctx, advisory.TraceReleaseData{Keys: start.Keys, Scope: start.Scope, Err: advisory.ErrNotHeld})
+
+	var holds []sdktrace.ReadOnlySpan
+	for _, s := range sr.Ended() {
+		if s.Name() == pgxlockotel.SpanHold {
+			holds = append(holds, s)
+		}
+	}
+	require.Len(t, holds, 1)
+	require.Equal(t, []string{pgxlockotel.EventLost}, eventNames(holds[0]))
+	require.Equal(t, "lost", attrs(holds[0].Attributes())[pgxlockotel.AttrErrorType].AsString())
+}
+
+// A failed acquisition's wait is recorded with error.type; a busy try's and
+// an acquisition's without.
+func TestWaitDurationErrorType(t *testing.T) {
+	tr, _, reader := newTracer(t)
+	for _, o := range []advisory.Outcome{advisory.OutcomeAcquired, advisory.OutcomeBusy, advisory.OutcomeDeadlock, advisory.OutcomeError} {
+		start := advisory.TraceAcquireStartData{Keys: []keys.Key{keys.Int64(1)}, Scope: advisory.ScopeXact}
+		ctx := tr.TraceAcquireStart(context.Background(), start)
+		tr.TraceAcquireEnd(ctx, advisory.TraceAcquireEndData{TraceAcquireStartData: start, Outcome: o, Waited: time.Millisecond})
+	}
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	var types []string
+	for _, sm := range rm.ScopeMetrics {
+		for _, mm := range sm.Metrics {
+			if mm.Name != pgxlockotel.MetricWaitDuration {
+				continue
+			}
+			require.Equal(t, "s", mm.Unit)
+			for _, dp := range mm.Data.(metricdata.Histogram[float64]).DataPoints {
+				v, _ := dp.Attributes.Value(pgxlockotel.AttrErrorType)
+				types = append(types, v.AsString())
+			}
+		}
+	}
+	require.ElementsMatch(t, []string{"", "deadlock", "_OTHER"}, types, "acquired and busy share the series without error.type")
+}
