@@ -2,13 +2,11 @@ module github.com/pgxlock/pgxlock/bench
 
 go 1.25.7
 
-replace github.com/pgxlock/pgxlock => ../
-
 require (
 	github.com/bsm/redislock v0.9.4
 	github.com/go-redsync/redsync/v4 v4.17.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pgxlock/pgxlock v0.0.0-00010101000000-000000000000
+	github.com/pgxlock/pgxlock v0.1.0
 	github.com/pressly/goose/v3 v3.27.3
 	github.com/redis/go-redis/v9 v9.22.0
 	go.etcd.io/etcd/client/v3 v3.6.14
@@ -38,7 +36,7 @@ require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
-	github.com/pgxlock/pgxlock/contrib/goose v0.0.0-00010101000000-000000000000
+	github.com/pgxlock/pgxlock/contrib/goose v0.1.0
 	github.com/sethvargo/go-retry v0.4.0 // indirect
 	go.etcd.io/etcd/api/v3 v3.6.14 // indirect
 	go.etcd.io/etcd/client/pkg/v3 v3.6.14 // indirect
@@ -52,5 +50,3 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260720211330-0afa2a65878a // indirect
 	google.golang.org/protobuf v1.36.11 // indirect
 )
-
-replace github.com/pgxlock/pgxlock/contrib/goose => ../contrib/goose

@@ -20,6 +20,12 @@ type Options struct {
 	WaitBuckets, HoldBuckets []float64
 	// ConstLabels are added to every series (e.g. the service name).
 	ConstLabels prometheus.Labels
+	// Namespaces are the registered key namespaces whose pgxlock_lost_total
+	// series New creates at zero, beside "none" and "mixed" (always). A
+	// counter series that first appears with value 1 is invisible to
+	// increase() and rate(), so an alert on the first loss needs the series
+	// to exist before it: list the namespaces the process locks in.
+	Namespaces []keys.Namespace
 }
 
 // Default histogram buckets: waits from 100 µs (an uncontended round trip)
@@ -65,7 +71,7 @@ func New(opts Options) *Collector {
 	}
 	cl := opts.ConstLabels
 	lockLabels := []string{"scope", "mode", "namespace"}
-	return &Collector{
+	c := &Collector{
 		acquisitions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "acquisitions_total", ConstLabels: cl,
 			Help: "Advisory lock acquisitions by outcome."}, []string{"scope", "mode", "result", "namespace"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "wait_seconds", ConstLabels: cl, Buckets: wb,
@@ -81,6 +87,18 @@ func New(opts Options) *Collector {
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "lease_renewals_total", ConstLabels: cl,
 			Help: "Lease renewals by result: ok, lost (the lease was gone or taken over), error."}, []string{"result"}),
 	}
+	// The series alerts count with increase(): present at zero from the
+	// first scrape, so that the first loss or failed renewal is an increase.
+	for _, ns := range []string{"none", "mixed"} {
+		c.lost.WithLabelValues(ns)
+	}
+	for _, ns := range opts.Namespaces {
+		c.lost.WithLabelValues(ns.Name())
+	}
+	for _, r := range []string{"ok", "lost", "error"} {
+		c.renewals.WithLabelValues(r)
+	}
+	return c
 }
 
 func (c *Collector) all() []prometheus.Collector {

@@ -135,3 +135,24 @@ func TestLeaseRenewalsCounted(t *testing.T) {
 	assert.Contains(t, body, `pgxlock_lease_renewals_total{result="lost"} 1`)
 	assert.NotContains(t, body, `"report"`, "resources never become labels")
 }
+
+// The counters alerts take increase() of exist at zero before any event:
+// pgxlock_lost_total for "none", "mixed" and each listed namespace, and
+// pgxlock_lease_renewals_total for each result. Without them the first loss
+// is a series appearing at 1, which increase() does not count.
+func TestAlertedSeriesExistAtZero(t *testing.T) {
+	ns := keys.MustRegisterNamespace(pgtest.UniqueInt32(t), "alerted_"+strings.ReplaceAll(t.Name(), "/", "_"))
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(metrics.New(metrics.Options{Namespaces: []keys.Namespace{ns}})))
+	body := scrape(t, reg)
+	for _, line := range []string{
+		`pgxlock_lost_total{namespace="none"} 0`,
+		`pgxlock_lost_total{namespace="mixed"} 0`,
+		`pgxlock_lost_total{namespace="` + ns.Name() + `"} 0`,
+		`pgxlock_lease_renewals_total{result="ok"} 0`,
+		`pgxlock_lease_renewals_total{result="lost"} 0`,
+		`pgxlock_lease_renewals_total{result="error"} 0`,
+	} {
+		assert.Contains(t, body, "\n"+line+"\n", "before any event")
+	}
+}

@@ -61,6 +61,9 @@ func exportedSeries(t *testing.T) map[string]map[string]bool {
 	return series
 }
 
+// scrapeLabels are the target labels Prometheus adds to every series.
+var scrapeLabels = map[string]bool{"job": true, "instance": true}
+
 var (
 	seriesName = regexp.MustCompile(`\bpgxlock_[a-z_]+\b`)
 	byClause   = regexp.MustCompile(`\bby \(([^)]*)\)`)
@@ -99,12 +102,24 @@ func TestDashboardQueriesNameExportedSeries(t *testing.T) {
 			exprs = append(exprs, tg.Expr)
 		}
 	}
+	panelExprs := len(exprs)
 	for _, v := range dash.Templating.List {
 		if v.Definition != "" {
 			exprs = append(exprs, v.Definition)
 		}
 	}
 	require.GreaterOrEqual(t, len(exprs), 7)
+	for _, e := range exprs[:panelExprs] {
+		for _, m := range matcher.FindAllStringSubmatch(e, -1) {
+			require.Contains(t, m[2], `job=~"$job"`, "query %q is not filtered by the job variable", e)
+			require.Contains(t, m[2], `instance=~"$instance"`, "query %q is not filtered by the instance variable", e)
+		}
+	}
+	var vars []string
+	for _, v := range dash.Templating.List {
+		vars = append(vars, v.Name)
+	}
+	require.Subset(t, vars, []string{"job", "instance", "namespace"}, "the dashboard's template variables")
 
 	used := map[string]bool{}
 	for _, e := range exprs {
@@ -119,8 +134,12 @@ func TestDashboardQueriesNameExportedSeries(t *testing.T) {
 					continue
 				}
 				for _, k := range matcherKey.FindAllStringSubmatch(m[2], -1) {
+					if scrapeLabels[k[1]] {
+						continue // added by Prometheus to every series it scrapes
+					}
 					require.True(t, labels[k[1]], "query %q: %s has no label %s", e, n, k[1])
 				}
+
 			}
 			for _, by := range byClause.FindAllStringSubmatch(e, -1) {
 				for _, l := range strings.Split(by[1], ",") {

@@ -24,6 +24,12 @@
 // advisory's outcomes (acquired, busy, timeout, deadlock, cancelled,
 // error).
 //
+// The counters people alert on exist at zero from registration, so that
+// increase() sees their first event: pgxlock_lost_total for namespace
+// "none", "mixed" and each of Options.Namespaces, and
+// pgxlock_lease_renewals_total for each result. The other series appear at
+// their first event.
+//
 // # Cardinality
 //
 // Labels never carry a key: keys are unbounded. namespace is the name of
@@ -37,8 +43,8 @@
 // grafana-dashboard.json (in this directory) is a Grafana dashboard for
 // these series, with the default "pgxlock" prefix: acquisitions by result
 // and by scope and mode, wait and hold time quantiles (p50, p90, p99),
-// held and waiting gauges, losses and lease renewals, filtered by a
-// namespace variable. Import it and pick the Prometheus data source. A
+// held and waiting gauges, losses and lease renewals, filtered by job,
+// instance and namespace variables. Import it and pick the Prometheus data source. A
 // test checks that each of its queries names series this Collector
 // exports, with labels they have. examples/cron --metrics-addr serves
 // these metrics.

@@ -2,14 +2,12 @@ module github.com/pgxlock/pgxlock/contrib/gocron
 
 go 1.25.0
 
-replace github.com/pgxlock/pgxlock => ../..
-
 require (
 	github.com/go-co-op/gocron/v2 v2.21.2
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/jonboulle/clockwork v0.5.0
-	github.com/pgxlock/pgxlock v0.0.0-00010101000000-000000000000
+	github.com/pgxlock/pgxlock v0.1.0
 	github.com/stretchr/testify v1.12.1
 )
 

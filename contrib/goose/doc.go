@@ -20,13 +20,19 @@
 // # The key, and mixed fleets
 //
 // By default both lockers here take [GooseKey], the key of goose's own
-// PostgreSQL lockers (lock.DefaultLockID = 4097083626, the CRC-32 of
-// "goose", a single bigint). A fleet half-way through a rollout, some
-// processes on goose's locker and some on this one, still runs the
-// migrations one process at a time. "pgxlock locks" lists the holder as
-// key 4097083626. Config.Key sets another key (e.g. one per database
-// schema); use the same id in goose.WithLockID for processes still on
-// goose's locker.
+// session locker (lock.NewPostgresSessionLocker; lock.DefaultLockID =
+// 4097083626, the CRC-32 of "goose", a single bigint). A fleet half-way
+// through a rollout, some processes on goose's session locker and some on
+// this package, still runs the migrations one process at a time.
+// "pgxlock locks" lists the holder as key 4097083626. Config.Key sets
+// another key (e.g. one per database schema); for processes still on goose's
+// session locker, give the same id to lock.WithLockID.
+//
+// goose's table locker (lock.NewPostgresTableLocker, goose.WithLocker) is
+// not compatible: it claims a row of its lock table (goose_lock), not an
+// advisory lock, so it and this package never exclude each other, whatever
+// the ids. Move a fleet from the table locker to this package in one step
+// (all processes stopped), or through goose's session locker first.
 //
 // # Connections
 //

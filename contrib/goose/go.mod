@@ -2,11 +2,9 @@ module github.com/pgxlock/pgxlock/contrib/goose
 
 go 1.25.7
 
-replace github.com/pgxlock/pgxlock => ../..
-
 require (
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pgxlock/pgxlock v0.0.0-00010101000000-000000000000
+	github.com/pgxlock/pgxlock v0.1.0
 	github.com/pressly/goose/v3 v3.27.3
 	github.com/stretchr/testify v1.12.1
 )

@@ -33,8 +33,10 @@ const DefaultCleanupTimeout = 5 * time.Second
 // to DefaultLockTimeout, and bounds the unlock by DefaultCleanupTimeout.
 type Config struct {
 	// Key is the advisory lock key. The zero Key means GooseKey, so that
-	// processes using goose's own NewPostgresSessionLocker (or its table
-	// locker's lock id) and processes using this package exclude each other.
+	// processes using goose's own lock.NewPostgresSessionLocker with its
+	// default lock id and processes using this package exclude each other.
+	// goose's table locker (lock.NewPostgresTableLocker) locks a table row,
+	// not an advisory lock: it does not exclude this package, whatever key.
 	Key keys.Key
 
 	// LockTimeout bounds the wait for the lock; it becomes PostgreSQL's

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"hash/crc32"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -51,6 +52,33 @@ func TestDefaultKeyExcludesGoosesOwnLocker(t *testing.T) {
 	require.NoError(t, theirs.SessionUnlock(ctx, c1))
 	require.NoError(t, ours.SessionLock(ctx, c2))
 	require.NoError(t, ours.SessionUnlock(ctx, c2))
+}
+
+// goose's table locker (lock.NewPostgresTableLocker) holds a row of its lock
+// table, not an advisory lock: with the same lock id it and this package's
+// locker do NOT exclude each other, as the package doc says. Both are held
+// at once here.
+func TestTableLockerDoesNotExcludeSessionLocker(t *testing.T) {
+	ctx := testCtx(t)
+	schema := migrationDB(t, ctx)
+	db, _ := openDB(t, 2)
+	id := pgtest.UniqueInt64(t) & math.MaxInt64 // goose wants a positive id
+	if id == 0 {
+		id = 1
+	}
+
+	table, err := lock.NewPostgresTableLocker(lock.WithTableName(schema+".goose_lock"), lock.WithTableLockID(id))
+	require.NoError(t, err)
+	require.NoError(t, table.Lock(ctx, db))
+	defer func() { require.NoError(t, table.Unlock(ctx, db)) }()
+
+	ours, err := pgxlockgoose.NewSessionLocker(pgxlockgoose.Config{Key: keys.Int64(id), LockTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	c, err := db.Conn(ctx)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, ours.SessionLock(ctx, c), "the table locker's row does not block the advisory lock")
+	require.NoError(t, ours.SessionUnlock(ctx, c))
 }
 
 // 8 goroutines, each with its own provider and pool, run Up at once: every

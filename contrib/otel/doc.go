@@ -1,7 +1,7 @@
 // Package pgxlockotel reports pgxlock's advisory locks and lease renewals
-// to OpenTelemetry: a span per acquisition, and the metrics of the
-// Prometheus collector (package metrics) through the OpenTelemetry metric
-// API.
+// to OpenTelemetry: a span per acquisition and one per lock held, and the
+// metrics of the Prometheus collector (package metrics) through the
+// OpenTelemetry metric API.
 //
 //	tracer, err := pgxlockotel.New(pgxlockotel.Config{}) // global providers
 //	locker, err := advisory.New(pool, advisory.Config{Tracer: tracer})
@@ -9,18 +9,28 @@
 //
 // # Spans
 //
-// Each acquisition is one span, [SpanLock] ("pgxlock.lock"), a child of the
-// caller's span, from the start of the acquisition (the wait for a
-// connection included). Its attributes: [AttrScope] (session, xact),
-// [AttrMode] (exclusive, shared), [AttrTry], [AttrKeyCount],
-// [AttrNamespace], and, at the outcome, [AttrResult] (acquired, busy,
-// timeout, deadlock, cancelled, error: advisory.Outcome) and
-// [AttrWaitSeconds]. An acquisition that fails ends the span there (status
-// Error, except busy, which is a normal answer). An acquired lock adds the
-// event [EventAcquired] and keeps the span open while held: it ends with
-// the event [EventReleased] (at the unlock, or the end of the transaction)
-// or [EventLost] (the holding connection died; status Error), each with
-// [AttrHoldSeconds]. A lock held for days gives a span of days.
+// Each acquisition is a short span, [SpanAcquire] ("pgxlock.acquire"), a
+// child of the caller's span, from the start of the acquisition (the wait
+// for a connection included) to its outcome, where it ends: an exporter
+// sends it as soon as the lock is taken (or not), so a lock held for days,
+// by a leader, is visible from the start. Its attributes: [AttrDBSystemName]
+// ("postgresql"), [AttrScope] (session, xact), [AttrMode] (exclusive,
+// shared), [AttrTry], [AttrKeyCount], [AttrNamespace], and, at the outcome,
+// [AttrResult] (acquired, busy, timeout, deadlock, cancelled,
+// no-connection, error: advisory.Outcome) and [AttrWaitSeconds]. A failed
+// acquisition has status Error and [AttrErrorType] (error.type: the
+// outcome, _OTHER for error); busy is a normal answer, not a failure.
+//
+// Each lock acquired is a second span, [SpanHold] ("pgxlock.hold"), from
+// the acquisition to the release (event [EventReleased], at the unlock or
+// the end of the transaction) or the loss (event [EventLost], the holding
+// connection died; status Error, error.type "lost"), each event with
+// [AttrHoldSeconds]. It is a sibling of the acquisition span, under the
+// caller's span (under the acquisition span when the caller had none),
+// carries the same db.system.name, scope, mode, key count and namespace,
+// and links to the acquisition span. Like every span it is exported when it
+// ends: for a long hold, the acquisition span is what shows the lock
+// meanwhile, and the pgxlock.held metric counts it.
 //
 // A span never carries a key, the string a key was hashed from, or an
 // error's text (which names keys): only the number of keys and their
@@ -28,26 +38,35 @@
 //
 // Each lease renewal (lease.RenewTracer), including Do's background ones,
 // is a [SpanRenew] span ("pgxlock.lease.renew") covering the renewal
-// statement, with [AttrLeaseForm], [AttrLeaseToken] and [AttrResult] (ok,
-// lost, error). The resource name is not recorded.
+// statement, with db.system.name, [AttrLeaseForm], [AttrLeaseToken] and
+// [AttrResult] (ok, lost, error; error.type "lost" or _OTHER on failure).
+// The resource name is not recorded.
 //
 // # Metrics
 //
-// The instruments are those of the Prometheus collector, with the same
-// attributes (labels), so that an OpenTelemetry Prometheus exporter
-// produces the same series and dashboards work on either:
+// The instruments are those of the Prometheus collector (package metrics),
+// named after the semantic conventions where they have a rule (durations
+// are histograms named *.duration, in seconds, "s"), with the attributes
+// under the same pgxlock. prefix as the spans', and error.type on failed
+// acquisitions, waits and renewals:
 //
-//	OpenTelemetry instrument  kind           unit           attributes                      Prometheus (package metrics)
-//	pgxlock.acquisitions      counter        {acquisition}  scope, mode, result, namespace  pgxlock_acquisitions_total
-//	pgxlock.wait              histogram      s              scope, mode, namespace          pgxlock_wait_seconds
-//	pgxlock.hold              histogram      s              scope, mode, namespace          pgxlock_hold_seconds
-//	pgxlock.held              updowncounter  {lock}         scope, mode, namespace          pgxlock_held
-//	pgxlock.waiting           updowncounter  {acquisition}  scope, mode, namespace          pgxlock_waiting
-//	pgxlock.lost              counter        {lock}         namespace                       pgxlock_lost_total
-//	pgxlock.lease_renewals    counter        {renewal}      result                          pgxlock_lease_renewals_total
+//	OpenTelemetry instrument    kind           unit           attributes (pgxlock.*)          Prometheus (package metrics)
+//	pgxlock.acquisitions        counter        {acquisition}  scope, mode, result, namespace  pgxlock_acquisitions_total
+//	pgxlock.lock.wait.duration  histogram      s              scope, mode, namespace          pgxlock_wait_seconds
+//	pgxlock.lock.hold.duration  histogram      s              scope, mode, namespace          pgxlock_hold_seconds
+//	pgxlock.held                updowncounter  {lock}         scope, mode, namespace          pgxlock_held
+//	pgxlock.waiting             updowncounter  {acquisition}  scope, mode, namespace          pgxlock_waiting
+//	pgxlock.lost                counter        {lock}         namespace                       pgxlock_lost_total
+//	pgxlock.lease_renewals      counter        {renewal}      result                          pgxlock_lease_renewals_total
 //
-// (go.opentelemetry.io/otel/exporters/prometheus, with WithoutScopeInfo,
-// gives exactly the right-hand names, types and labels; a test checks it.)
+// Through go.opentelemetry.io/otel/exporters/prometheus (WithoutScopeInfo)
+// they become the right-hand families and types, except the two histograms
+// (pgxlock_lock_wait_duration_seconds, pgxlock_lock_hold_duration_seconds),
+// with labels pgxlock_scope, pgxlock_mode, ... and error_type; a test
+// checks it. metrics/grafana-dashboard.json is for package metrics' names.
+// pgxlock.lost ("none", "mixed" and Config.Namespaces) and
+// pgxlock.lease_renewals (each result) are recorded at zero by New, so that
+// the first loss is an increase.
 //
 // The histograms suggest the collector's buckets (metrics.DefaultWaitBuckets
 // and metrics.DefaultHoldBuckets); a View may change them. The namespace

@@ -14,7 +14,9 @@ import (
 	"github.com/pgxlock/pgxlock/keys"
 )
 
-// Install the tracer in the advisory.Config; every lock becomes a span.
+// Install the tracer in the advisory.Config: every acquisition is a span,
+// ended (and exported) at its outcome, and every lock acquired is a hold
+// span, ended at the release or the loss.
 func ExampleNew() {
 	pool, done := pgtest.ExamplePool()
 	defer done()
@@ -36,5 +38,7 @@ func ExampleNew() {
 		}
 		fmt.Println()
 	}
-	// Output: pgxlock.lock pgxlock.acquired pgxlock.released
+	// Output:
+	// pgxlock.acquire
+	// pgxlock.hold pgxlock.released
 }

@@ -2,10 +2,8 @@ module github.com/pgxlock/pgxlock/contrib/otel
 
 go 1.25.0
 
-replace github.com/pgxlock/pgxlock => ../..
-
 require (
-	github.com/pgxlock/pgxlock v0.0.0-00010101000000-000000000000
+	github.com/pgxlock/pgxlock v0.1.0
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.46.0
 	go.opentelemetry.io/otel/metric v1.46.0

@@ -125,35 +125,39 @@ func TestSequenceSpansAndMetrics(t *testing.T) {
 
 	// Spans.
 	spans := sr.Ended()
-	var lockSpans, renewSpans []sdktrace.ReadOnlySpan
+	var acquireSpans, holdSpans, renewSpans []sdktrace.ReadOnlySpan
 	for _, s := range spans {
 		switch s.Name() {
-		case pgxlockotel.SpanLock:
-			lockSpans = append(lockSpans, s)
+		case pgxlockotel.SpanAcquire:
+			acquireSpans = append(acquireSpans, s)
+		case pgxlockotel.SpanHold:
+			holdSpans = append(holdSpans, s)
 		case pgxlockotel.SpanRenew:
 			renewSpans = append(renewSpans, s)
 		}
 	}
-	require.Len(t, lockSpans, 6, "one span per acquisition, all ended")
+	require.Len(t, acquireSpans, 6, "one span per acquisition, all ended")
+	require.Len(t, holdSpans, 4, "one span per acquired lock, all ended")
 	require.Len(t, sr.Started(), len(spans), "no span left open")
 	type want struct {
 		scope, mode, result, ns string
 		try                     bool
 		n                       int64
-		events                  []string
+		errType                 string
 		status                  codes.Code
 	}
-	ended := []want{
-		{"session", "exclusive", "acquired", "oteltest", false, 1, []string{pgxlockotel.EventAcquired, pgxlockotel.EventReleased}, codes.Unset},
-		{"session", "exclusive", "busy", "none", true, 1, nil, codes.Unset},
-		{"session", "exclusive", "timeout", "none", false, 1, nil, codes.Error},
-		{"session", "exclusive", "acquired", "none", false, 1, []string{pgxlockotel.EventAcquired, pgxlockotel.EventReleased}, codes.Unset},
-		{"xact", "shared", "acquired", "oteltest", false, 2, []string{pgxlockotel.EventAcquired, pgxlockotel.EventReleased}, codes.Unset},
-		{"session", "exclusive", "acquired", "oteltest", false, 1, []string{pgxlockotel.EventAcquired, pgxlockotel.EventLost}, codes.Error},
+	acquired := []want{
+		{"session", "exclusive", "acquired", "oteltest", false, 1, "", codes.Unset},
+		{"session", "exclusive", "acquired", "none", false, 1, "", codes.Unset}, // the handle
+		{"session", "exclusive", "busy", "none", true, 1, "", codes.Unset},
+		{"session", "exclusive", "timeout", "none", false, 1, "timeout", codes.Error},
+		{"xact", "shared", "acquired", "oteltest", false, 2, "", codes.Unset},
+		{"session", "exclusive", "acquired", "oteltest", false, 1, "", codes.Unset}, // the Hold
 	}
-	for i, s := range lockSpans {
+	for i, s := range acquireSpans {
 		a := attrs(s.Attributes())
-		w := ended[i]
+		w := acquired[i]
+		require.Equal(t, "postgresql", a[pgxlockotel.AttrDBSystemName].AsString(), "span %d", i)
 		require.Equal(t, w.scope, a[pgxlockotel.AttrScope].AsString(), "span %d", i)
 		require.Equal(t, w.mode, a[pgxlockotel.AttrMode].AsString(), "span %d", i)
 		require.Equal(t, w.result, a[pgxlockotel.AttrResult].AsString(), "span %d", i)
@@ -162,16 +166,38 @@ func TestSequenceSpansAndMetrics(t *testing.T) {
 		require.Equal(t, w.n, a[pgxlockotel.AttrKeyCount].AsInt64(), "span %d", i)
 		require.GreaterOrEqual(t, a[pgxlockotel.AttrWaitSeconds].AsFloat64(), 0.0, "span %d", i)
 		require.Contains(t, a, pgxlockotel.AttrWaitSeconds, "span %d", i)
-		require.Equal(t, w.events, eventNames(s), "span %d", i)
+		require.Equal(t, w.errType, a[pgxlockotel.AttrErrorType].AsString(), "span %d", i)
+		require.Empty(t, eventNames(s), "span %d", i)
 		require.Equal(t, w.status, s.Status().Code, "span %d", i)
-		for _, e := range s.Events() {
-			if e.Name != pgxlockotel.EventAcquired {
-				require.Contains(t, attrs(e.Attributes), pgxlockotel.AttrHoldSeconds, "span %d event %s", i, e.Name)
-			}
-		}
 	}
-	// The handle's span (index 3 ended after busy and timeout) outlived them.
-	require.True(t, lockSpans[3].StartTime().Before(lockSpans[1].StartTime()))
+	held := []struct {
+		acquire int // index in acquireSpans
+		event   string
+		errType string
+		status  codes.Code
+	}{
+		{0, pgxlockotel.EventReleased, "", codes.Unset},
+		{1, pgxlockotel.EventReleased, "", codes.Unset}, // the handle, released after busy and timeout
+		{4, pgxlockotel.EventReleased, "", codes.Unset},
+		{5, pgxlockotel.EventLost, "lost", codes.Error},
+	}
+	for i, s := range holdSpans {
+		w := held[i]
+		acq := acquireSpans[w.acquire]
+		a, aa := attrs(s.Attributes()), attrs(acq.Attributes())
+		for _, k := range []attribute.Key{pgxlockotel.AttrDBSystemName, pgxlockotel.AttrScope, pgxlockotel.AttrMode, pgxlockotel.AttrNamespace, pgxlockotel.AttrKeyCount} {
+			require.Equal(t, aa[k], a[k], "hold span %d: %s", i, k)
+		}
+		require.Equal(t, w.errType, a[pgxlockotel.AttrErrorType].AsString(), "hold span %d", i)
+		require.Equal(t, []string{w.event}, eventNames(s), "hold span %d", i)
+		require.Contains(t, attrs(s.Events()[0].Attributes), pgxlockotel.AttrHoldSeconds, "hold span %d", i)
+		require.Equal(t, w.status, s.Status().Code, "hold span %d", i)
+		require.Len(t, s.Links(), 1, "hold span %d", i)
+		require.Equal(t, acq.SpanContext(), s.Links()[0].SpanContext, "hold span %d links its acquisition", i)
+		require.False(t, s.StartTime().Before(acq.EndTime()), "hold span %d starts at the acquisition", i)
+	}
+	// The handle's hold (held[1]) outlived the busy and timeout acquisitions.
+	require.True(t, holdSpans[1].EndTime().After(acquireSpans[3].EndTime()))
 
 	require.Len(t, renewSpans, 2)
 	for i, res := range []string{"ok", "lost"} {
@@ -179,6 +205,8 @@ func TestSequenceSpansAndMetrics(t *testing.T) {
 		require.Equal(t, res, a[pgxlockotel.AttrResult].AsString())
 		require.Equal(t, "manager", a[pgxlockotel.AttrLeaseForm].AsString())
 		require.Equal(t, ls.Token(), a[pgxlockotel.AttrLeaseToken].AsInt64())
+		require.Equal(t, "postgresql", a[pgxlockotel.AttrDBSystemName].AsString())
+		require.Equal(t, map[string]string{"ok": "", "lost": "lost"}[res], a[pgxlockotel.AttrErrorType].AsString())
 	}
 
 	// Nothing names a key or the hashed source string.
@@ -189,7 +217,7 @@ func TestSequenceSpansAndMetrics(t *testing.T) {
 			kvs = append(kvs, e.Attributes...)
 		}
 		for _, kv := range kvs {
-			str := kv.Value.Emit()
+			str := kv.Value.String()
 			require.NotContains(t, str, secret)
 			require.NotContains(t, str, strconv.FormatInt(v, 10))
 		}
@@ -209,32 +237,131 @@ func TestSequenceSpansAndMetrics(t *testing.T) {
 		for _, dp := range got[name].(metricdata.Sum[int64]).DataPoints {
 			var parts []string
 			for _, kv := range dp.Attributes.ToSlice() {
-				parts = append(parts, string(kv.Key)+"="+kv.Value.Emit())
+				parts = append(parts, string(kv.Key)+"="+kv.Value.String())
 			}
 			out[strings.Join(parts, ",")] += dp.Value
 		}
 		return out
 	}
 	require.Equal(t, map[string]int64{
-		"mode=exclusive,namespace=oteltest,result=acquired,scope=session": 2,
-		"mode=exclusive,namespace=none,result=acquired,scope=session":     1,
-		"mode=exclusive,namespace=none,result=busy,scope=session":         1,
-		"mode=exclusive,namespace=none,result=timeout,scope=session":      1,
-		"mode=shared,namespace=oteltest,result=acquired,scope=xact":       1,
-	}, sums("pgxlock.acquisitions"))
-	for _, name := range []string{"pgxlock.held", "pgxlock.waiting"} {
+		"pgxlock.mode=exclusive,pgxlock.namespace=oteltest,pgxlock.result=acquired,pgxlock.scope=session":               2,
+		"pgxlock.mode=exclusive,pgxlock.namespace=none,pgxlock.result=acquired,pgxlock.scope=session":                   1,
+		"pgxlock.mode=exclusive,pgxlock.namespace=none,pgxlock.result=busy,pgxlock.scope=session":                       1,
+		"error.type=timeout,pgxlock.mode=exclusive,pgxlock.namespace=none,pgxlock.result=timeout,pgxlock.scope=session": 1,
+		"pgxlock.mode=shared,pgxlock.namespace=oteltest,pgxlock.result=acquired,pgxlock.scope=xact":                     1,
+	}, sums(pgxlockotel.MetricAcquisitions))
+	for _, name := range []string{pgxlockotel.MetricHeld, pgxlockotel.MetricWaiting} {
 		for set, n := range sums(name) {
 			require.Zero(t, n, "%s{%s}", name, set)
 		}
 	}
-	require.Equal(t, map[string]int64{"namespace=oteltest": 1}, sums("pgxlock.lost"))
-	require.Equal(t, map[string]int64{"result=ok": 1, "result=lost": 1}, sums("pgxlock.lease_renewals"))
+	require.Equal(t, map[string]int64{"pgxlock.namespace=oteltest": 1, "pgxlock.namespace=none": 0, "pgxlock.namespace=mixed": 0},
+		sums(pgxlockotel.MetricLost))
+	require.Equal(t, map[string]int64{"pgxlock.result=ok": 1, "error.type=lost,pgxlock.result=lost": 1, "error.type=_OTHER,pgxlock.result=error": 0},
+		sums(pgxlockotel.MetricLeaseRenewals))
 	count := func(name string) (n uint64) {
 		for _, dp := range got[name].(metricdata.Histogram[float64]).DataPoints {
 			n += dp.Count
 		}
 		return n
 	}
-	require.EqualValues(t, 6, count("pgxlock.wait"))
-	require.EqualValues(t, 4, count("pgxlock.hold"), "3 releases and 1 loss")
+	require.EqualValues(t, 6, count(pgxlockotel.MetricWaitDuration))
+	require.EqualValues(t, 4, count(pgxlockotel.MetricHoldDuration), "3 releases and 1 loss")
+	for _, name := range []string{pgxlockotel.MetricWaitDuration, pgxlockotel.MetricHoldDuration} {
+		for _, sm := range rm.ScopeMetrics {
+			for _, mm := range sm.Metrics {
+				if mm.Name == name {
+					require.Equal(t, "s", mm.Unit, name)
+				}
+			}
+		}
+	}
+}
+
+// A lock held for days (a leader) is visible while held: the acquisition
+// span ends, and is exported, when the lock is acquired; the hold span, a
+// sibling under the caller's span linked to it, is exported at the release.
+func TestLongHoldExportsAcquisitionWhileHeld(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.Pool(t)
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tr, err := pgxlockotel.New(pgxlockotel.Config{TracerProvider: tp})
+	require.NoError(t, err)
+	l, err := advisory.New(pool, advisory.Config{Tracer: tr})
+	require.NoError(t, err)
+
+	ctx, parent := tp.Tracer("test").Start(ctx, "leader")
+	h, err := l.Lock(ctx, keys.Int64(pgtest.UniqueInt64(t)), nil)
+	require.NoError(t, err)
+	parent.End()
+
+	names := func() (out []string) {
+		for _, s := range exp.GetSpans() {
+			out = append(out, s.Name)
+		}
+		return out
+	}
+	require.Equal(t, []string{pgxlockotel.SpanAcquire, "leader"}, names(), "exported while the lock is held")
+	acq := exp.GetSpans()[0]
+	require.Equal(t, parent.SpanContext().SpanID(), acq.Parent.SpanID())
+
+	require.NoError(t, h.Unlock(ctx))
+	require.Equal(t, []string{pgxlockotel.SpanAcquire, "leader", pgxlockotel.SpanHold}, names())
+	hold := exp.GetSpans()[2]
+	require.Equal(t, parent.SpanContext().SpanID(), hold.Parent.SpanID(), "a sibling of the acquisition")
+	require.Equal(t, parent.SpanContext().TraceID(), hold.SpanContext.TraceID())
+	require.Len(t, hold.Links, 1)
+	require.Equal(t, acq.SpanContext, hold.Links[0].SpanContext)
+	require.Len(t, hold.Events, 1)
+	require.Equal(t, pgxlockotel.EventReleased, hold.Events[0].Name)
+}
+
+// A hold span ends once: a loss followed by a release of the same lock (or
+// the reverse) adds no second event and no second End.
+func TestHoldSpanEndsOnce(t *testing.T) {
+	tr, sr, _ := newTracer(t)
+	start := advisory.TraceAcquireStartData{Keys: []keys.Key{keys.Int64(1)}, Scope: advisory.ScopeSession}
+	ctx := tr.TraceAcquireStart(context.Background(), start)
+	tr.TraceAcquireEnd(ctx, advisory.TraceAcquireEndData{TraceAcquireStartData: start, Outcome: advisory.OutcomeAcquired})
+	tr.TraceLost(ctx, advisory.TraceLostData{Keys: start.Keys, Err: advisory.ErrLockLost})
+	tr.TraceRelease(ctx, advisory.TraceReleaseData{Keys: start.Keys, Scope: start.Scope, Err: advisory.ErrNotHeld})
+
+	var holds []sdktrace.ReadOnlySpan
+	for _, s := range sr.Ended() {
+		if s.Name() == pgxlockotel.SpanHold {
+			holds = append(holds, s)
+		}
+	}
+	require.Len(t, holds, 1)
+	require.Equal(t, []string{pgxlockotel.EventLost}, eventNames(holds[0]))
+	require.Equal(t, "lost", attrs(holds[0].Attributes())[pgxlockotel.AttrErrorType].AsString())
+}
+
+// A failed acquisition's wait is recorded with error.type; a busy try's and
+// an acquisition's without.
+func TestWaitDurationErrorType(t *testing.T) {
+	tr, _, reader := newTracer(t)
+	for _, o := range []advisory.Outcome{advisory.OutcomeAcquired, advisory.OutcomeBusy, advisory.OutcomeDeadlock, advisory.OutcomeError} {
+		start := advisory.TraceAcquireStartData{Keys: []keys.Key{keys.Int64(1)}, Scope: advisory.ScopeXact}
+		ctx := tr.TraceAcquireStart(context.Background(), start)
+		tr.TraceAcquireEnd(ctx, advisory.TraceAcquireEndData{TraceAcquireStartData: start, Outcome: o, Waited: time.Millisecond})
+	}
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	var types []string
+	for _, sm := range rm.ScopeMetrics {
+		for _, mm := range sm.Metrics {
+			if mm.Name != pgxlockotel.MetricWaitDuration {
+				continue
+			}
+			require.Equal(t, "s", mm.Unit)
+			for _, dp := range mm.Data.(metricdata.Histogram[float64]).DataPoints {
+				v, _ := dp.Attributes.Value(pgxlockotel.AttrErrorType)
+				types = append(types, v.AsString())
+			}
+		}
+	}
+	require.ElementsMatch(t, []string{"", "deadlock", "_OTHER"}, types, "acquired and busy share the series without error.type")
 }

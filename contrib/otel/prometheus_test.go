@@ -64,7 +64,11 @@ func families(t *testing.T, g prometheus.Gatherer) []string {
 }
 
 // Exported through OpenTelemetry's Prometheus exporter, the instruments are
-// the Prometheus collector's series: same names, types and labels.
+// the Prometheus collector's families, of the same types, as the package
+// documentation's table says: the two duration histograms named by the
+// semantic conventions (pgxlock_lock_wait_duration_seconds,
+// pgxlock_lock_hold_duration_seconds), every label with the pgxlock_ prefix,
+// and error_type on failures.
 func TestPrometheusExporterMatchesCollector(t *testing.T) {
 	col := metrics.New(metrics.Options{})
 	regCol := prometheus.NewPedanticRegistry()
@@ -80,7 +84,27 @@ func TestPrometheusExporterMatchesCollector(t *testing.T) {
 	require.NoError(t, err)
 	feed(tr)
 
-	want := families(t, regCol)
+	names := map[string]string{
+		"pgxlock_wait_seconds": "pgxlock_lock_wait_duration_seconds",
+		"pgxlock_hold_seconds": "pgxlock_lock_hold_duration_seconds",
+	}
+	var want []string
+	for _, f := range families(t, regCol) {
+		parts := strings.Split(f, " ")
+		name, typ, labels := parts[0], parts[1], strings.Split(parts[2], ",")
+		if n, ok := names[name]; ok {
+			name = n
+		}
+		for i, l := range labels {
+			labels[i] = "pgxlock_" + l
+		}
+		if name == "pgxlock_lease_renewals_total" { // feed's renewal failed
+			labels = append(labels, "error_type")
+		}
+		sort.Strings(labels)
+		want = append(want, name+" "+typ+" "+strings.Join(labels, ","))
+	}
+	sort.Strings(want)
 	require.Len(t, want, 7)
 	require.Equal(t, want, families(t, regOtel))
 }
