@@ -75,6 +75,8 @@ var imports = map[string]string{
 	"goose":          "github.com/pressly/goose/v3",
 	"lock":           "github.com/pressly/goose/v3/lock",
 	"migrate":        "github.com/golang-migrate/migrate/v4",
+	"pgxmigrate":     "github.com/golang-migrate/migrate/v4/database/pgx/v5",
+	"source":         "github.com/golang-migrate/migrate/v4/source",
 	"prometheus":     "github.com/prometheus/client_golang/prometheus",
 	"promhttp":       "github.com/prometheus/client_golang/prometheus/promhttp",
 	"otel":           "go.opentelemetry.io/otel",

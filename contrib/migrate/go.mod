@@ -2,12 +2,10 @@ module github.com/pgxlock/pgxlock/contrib/migrate
 
 go 1.25.11
 
-replace github.com/pgxlock/pgxlock => ../..
-
 require (
 	github.com/golang-migrate/migrate/v4 v4.20.1
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pgxlock/pgxlock v0.0.0-00010101000000-000000000000
+	github.com/pgxlock/pgxlock v0.1.0
 	github.com/stretchr/testify v1.12.1
 )
 
