@@ -37,9 +37,10 @@ type TxOptions struct {
 
 // WithTx pins one connection of pool, begins a transaction together with
 // opts.Preamble in one round trip, runs fn, and commits when fn returns nil.
-// The COMMIT and the reset of the session ([Conn.Reset]: session-level
-// advisory locks dropped, settings restored) share one round trip, so a
-// session lock or a SET that fn left behind never reaches the pool.
+// The COMMIT and the reset of the session ([Conn.Reset]: identity,
+// settings and session state restored, session-level advisory locks
+// dropped) share one round trip, so a session lock, a SET ROLE or a SET that
+// fn left behind never reaches the pool.
 //
 // ctx governs acquiring, BEGIN with the preamble, fn and COMMIT. When the
 // preamble or fn fails, the transaction is rolled back (and the session
@@ -94,7 +95,7 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 	if opts == nil {
 		opts = &TxOptions{}
 	}
-	c.clean = false
+	c.Lend(ctx) // fn gets the transaction, and with it the connection
 	c.batch = pgx.Batch{QueuedQueries: c.queued[:0]}
 	clear(c.queued[:])
 	b := &c.batch
@@ -146,7 +147,7 @@ func (c *Conn) commit(ctx context.Context) error {
 	failed := pg.TxStatus() == 'E' // COMMIT will answer ROLLBACK
 	// One simple-protocol round trip: COMMIT, then the two statements of
 	// the reset. The server stops at the first error.
-	mrr := pg.Exec(ctx, "COMMIT; "+resetSQL)
+	mrr := pg.Exec(ctx, "COMMIT; "+c.resetSQL())
 	results := 0
 	var commitErr error
 	for mrr.NextResult() {
@@ -165,8 +166,8 @@ func (c *Conn) commit(ctx context.Context) error {
 	}
 	if commitErr == nil || errors.Is(commitErr, pgx.ErrTxCommitRollback) {
 		// COMMIT answered. The reset ran after it unless err says otherwise.
-		if err != nil || results < 3 {
-			c.MarkDirty(&CleanupError{Step: "reset", Err: errors.Join(err, errors.New("reset did not complete"))})
+		if err != nil || results < 1+ResetStatements {
+			c.MarkDirty(&CleanupError{Step: "reset", Err: errors.Join(err, errResetIncomplete)})
 		} else {
 			c.clean = true
 		}
@@ -203,9 +204,9 @@ func (c *Conn) rollback(ctx context.Context) error {
 		c.MarkDirty(errors.New("pooltx: connection closed"))
 		return nil
 	}
-	sql := resetSQL
+	sql := c.resetSQL()
 	if c.conn.PgConn().TxStatus() != 'I' {
-		sql = "ROLLBACK; " + resetSQL
+		sql = "ROLLBACK; " + sql
 	}
 	cctx, cancel := CleanupContext(ctx, c.timeout)
 	defer cancel()
