@@ -125,7 +125,9 @@ func resetStates() []dirtyState {
 		{"advisory-lock", func(r resetFixture) []string {
 			return []string{fmt.Sprintf("SELECT pg_advisory_lock(%d)", r.lockKey), fmt.Sprintf("SELECT pg_advisory_lock_shared(%d)", r.lockKey+1)}
 		}},
-		{"temp-table", func(r resetFixture) []string { return []string{fmt.Sprintf("CREATE TEMP TABLE rt_tmp_%d (i int)", r.n)} }},
+		{"temp-table", func(r resetFixture) []string {
+			return []string{fmt.Sprintf("CREATE TEMP TABLE rt_tmp_%d (i int)", r.n)}
+		}},
 		{"listen", func(r resetFixture) []string { return []string{fmt.Sprintf("LISTEN rt_chan_%d", r.n)} }},
 		{"cursor-with-hold", func(r resetFixture) []string {
 			return []string{fmt.Sprintf("DECLARE rt_cur_%d CURSOR WITH HOLD FOR SELECT 1", r.n)}
@@ -328,7 +330,7 @@ func newResetEnv(t *testing.T, base string) *resetEnv {
 // pool sees (current_user and session_user, with a role from the
 // connection string; every setting; no advisory lock, temporary table,
 // LISTEN or cursor; a working statement cache). A custom setting a
-// callback creates reads '' afterwards, not NULL (see pooltx's doc), which
+// callback creates reads ” afterwards, not NULL (see pooltx's doc), which
 // the view folds together.
 func TestNextBorrowerSeesAFreshConnection(t *testing.T) {
 	ctx := testCtx(t)
