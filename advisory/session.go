@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgxlock/pgxlock/keys"
 	"github.com/pgxlock/pgxlock/pooltx"
@@ -337,11 +336,8 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, s
 	case len(s.all) == 1:
 		// One key: one simple-protocol string, "unlock; reset", sent with
 		// pgconn (the bound is the socket deadline: no context to watch).
-		nc := c.Conn().PgConn().Conn()
-		_ = nc.SetDeadline(time.Now().Add(c.CleanupTimeout()))
 		var held bool
-		held, err = execUnlockReset(c.Conn().PgConn(), s.unlockResetSQL(c, shared))
-		_ = nc.SetDeadline(time.Time{})
+		held, err = execUnlockReset(c, s.unlockResetSQL(c, shared))
 		if err == nil {
 			c.MarkClean() // the whole string ran: the reset included
 			if !held {
@@ -390,29 +386,18 @@ func cleanupBound(ctx context.Context, c *pooltx.Conn) (context.Context, func())
 	return context.WithoutCancel(ctx), func() { _ = nc.SetDeadline(time.Time{}) }
 }
 
-// execUnlockReset runs the string of keySet.unlockResetSQL on pg and
-// reports the unlock's answer. Any error, or fewer results than the unlock
-// and the pooltx.ResetStatements statements of the reset, is returned.
-func execUnlockReset(pg *pgconn.PgConn, sql string) (held bool, err error) {
-	mrr := pg.Exec(context.Background(), sql)
-	results := 0
-	for mrr.NextResult() {
-		rr := mrr.ResultReader()
-		if results == 0 {
-			for rr.NextRow() {
-				if v := rr.Values(); len(v) == 1 && string(v[0]) == "t" {
-					held = true
-				}
-			}
+// execUnlockReset runs the string of keySet.unlockResetSQL on c, bounded
+// by the cleanup timeout, and reports the unlock's answer. Any error, or
+// fewer results than the unlock and the pooltx.ResetStatements statements
+// of the reset, is returned.
+func execUnlockReset(c *pooltx.Conn, sql string) (held bool, err error) {
+	rows := 0
+	results, err := c.ExecBounded(sql, func(v [][]byte) {
+		if rows == 0 && len(v) == 1 && string(v[0]) == "t" {
+			held = true // the first row is the unlock's
 		}
-		if _, rerr := rr.Close(); rerr != nil && err == nil {
-			err = rerr
-		}
-		results++
-	}
-	if cerr := mrr.Close(); cerr != nil && err == nil {
-		err = cerr
-	}
+		rows++
+	})
 	if err == nil && results != 1+pooltx.ResetStatements {
 		err = fmt.Errorf("advisory: unlock and reset answered %d results of %d", results, 1+pooltx.ResetStatements)
 	}

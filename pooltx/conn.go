@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -57,6 +58,8 @@ type Conn struct {
 	// statements, its queue.
 	batch  pgx.Batch
 	queued [4]*pgx.QueuedQuery
+
+	query pgproto3.Query // the reset's message (resetBounded), kept here: no allocation
 }
 
 // Acquire pins one connection of pool. ctx governs only the wait for a
@@ -100,12 +103,13 @@ func (c *Conn) Dirty() error { return c.dirty }
 
 // Release ends the pin. A connection that is open, not busy, outside any
 // transaction (TxStatus 'I') and not marked dirty is reset ([Conn.Reset]:
-// its identity, settings and session state restored, its session-level
-// advisory locks dropped, one round trip) unless that has already been done
-// or the caller vouched for it ([Conn.MarkClean]), and goes back to the pool;
-// any other, and one whose reset fails, is hijacked out of the pool and
-// closed, so the server ends its session and every lock it held. Release is
-// idempotent and reports whether the connection was destroyed.
+// identity, settings and session state restored, session-level advisory
+// locks dropped, one round trip bounded by the cleanup timeout) unless that
+// has already been done or the caller vouched for it ([Conn.MarkClean]),
+// and goes back to the pool; any other, and one whose reset fails, is
+// hijacked out of the pool and closed, so the server ends its session and
+// every lock it held. Release is idempotent and reports whether the
+// connection was destroyed.
 func (c *Conn) Release() (destroyed bool) {
 	if c.pc == nil {
 		return false

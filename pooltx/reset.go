@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // ResetSQL is the reset of [Conn.Reset] as one simple-protocol string of
@@ -193,14 +194,90 @@ func (c *Conn) QueueReset(b *pgx.Batch) {
 // to code it does not control.
 func (c *Conn) MarkClean() { c.clean = true }
 
-// resetBounded runs Reset under the cleanup bound: a deadline on the
-// socket rather than a watched context, which costs pgx nothing. A reset
-// cut short by the deadline fails, and c is destroyed.
+// resetBounded runs the reset under the cleanup bound: a deadline on the
+// socket rather than a watched context, which costs pgx nothing. The
+// Query message is written with pgconn's frontend and its answers read
+// message by message (readAnswers), which allocates nothing per statement.
+// A reset that fails or is cut short by the deadline marks c dirty.
 func (c *Conn) resetBounded() {
-	nc := c.conn.PgConn().Conn()
+	n, err := c.ExecBounded(c.resetSQL(), nil)
+	if err == nil && n != ResetStatements {
+		err = errResetIncomplete
+	}
+	if err != nil {
+		c.MarkDirty(&CleanupError{Step: "reset", Err: err})
+		return
+	}
+	c.clean = true
+}
+
+// ExecBounded runs sql, one simple-protocol string of the caller's own
+// statements (ending, say, with the reset: [Conn.AppendReset]), bounded by
+// the cleanup timeout (a deadline on the socket; no context is watched),
+// and reads the answers message by message, with no allocation per
+// statement. row, when not nil, is called with the values of each data row
+// (valid during the call only). It returns how many statements completed
+// and the first error; it marks c neither clean nor dirty.
+func (c *Conn) ExecBounded(sql string, row func(values [][]byte)) (n int, err error) {
+	pg := c.conn.PgConn()
+	nc := pg.Conn()
 	_ = nc.SetDeadline(time.Now().Add(c.timeout))
-	_ = c.Reset(context.Background())
-	_ = nc.SetDeadline(time.Time{})
+	defer func() { _ = nc.SetDeadline(time.Time{}) }()
+	c.query.String = sql
+	fe := pg.Frontend()
+	fe.Send(&c.query)
+	if err := fe.Flush(); err != nil {
+		return 0, err
+	}
+	return readAnswers(pg, row)
+}
+
+// readAnswers reads the answers to one simple-protocol Query message on pg,
+// up to its ReadyForQuery: the number of statements that completed and the
+// first error. row, when not nil, is called with the values of each data
+// row (valid during the call only). Notices and notifications go to pgconn's
+// handlers as usual.
+func readAnswers(pg *pgconn.PgConn, row func(values [][]byte)) (n int, err error) {
+	return readAnswersCtx(context.Background(), pg, row, nil)
+}
+
+// readAnswersCtx is readAnswers under ctx (pgconn's context watcher: an
+// ended ctx fails the read and, with pgx's default handler, closes the
+// connection), calling done, when not nil, with each completed statement's
+// index and command tag (valid during the call only).
+func readAnswersCtx(ctx context.Context, pg *pgconn.PgConn, row func(values [][]byte), done func(i int, tag []byte)) (n int, err error) {
+	for {
+		msg, rerr := pg.ReceiveMessage(ctx)
+		if rerr != nil {
+			// ReceiveMessage marks every failure safe to retry; after a
+			// write that may have reached the server, none is. Keep the
+			// cause (a network error, ctx's error, a FATAL *PgError).
+			if u := errors.Unwrap(rerr); u != nil {
+				rerr = u
+			}
+			if err == nil {
+				err = rerr
+			}
+			return n, err
+		}
+		switch m := msg.(type) {
+		case *pgproto3.DataRow:
+			if row != nil {
+				row(m.Values)
+			}
+		case *pgproto3.CommandComplete:
+			if done != nil {
+				done(n, m.CommandTag)
+			}
+			n++
+		case *pgproto3.ErrorResponse:
+			if err == nil {
+				err = pgconn.ErrorResponseToPgError(m)
+			}
+		case *pgproto3.ReadyForQuery:
+			return n, err
+		}
+	}
 }
 
 // errResetIncomplete: fewer answers than statements came back.

@@ -145,25 +145,10 @@ func (c *Conn) commit(ctx context.Context) error {
 		return joinCleanup(fmt.Errorf("%w: the context ended before COMMIT: %w", ErrNotCommitted, err), c.rollback(ctx))
 	}
 	failed := pg.TxStatus() == 'E' // COMMIT will answer ROLLBACK
-	// One simple-protocol round trip: COMMIT, then the two statements of
-	// the reset. The server stops at the first error.
-	mrr := pg.Exec(ctx, "COMMIT; "+c.resetSQL())
-	results := 0
-	var commitErr error
-	for mrr.NextResult() {
-		tag, err := mrr.ResultReader().Close()
-		if results == 0 {
-			commitErr = err
-			if err == nil && (failed || tag.String() == "ROLLBACK") {
-				commitErr = pgx.ErrTxCommitRollback
-			}
-		}
-		results++
-	}
-	err := mrr.Close()
-	if results == 0 {
-		commitErr = err // no answer to COMMIT itself
-	}
+	// One simple-protocol round trip: COMMIT, then the statements of the
+	// reset. The server stops at the first error. The answers are read
+	// message by message (readAnswers): no allocation per statement.
+	results, commitErr, err := c.execCommit(ctx, failed)
 	if commitErr == nil || errors.Is(commitErr, pgx.ErrTxCommitRollback) {
 		// COMMIT answered. The reset ran after it unless err says otherwise.
 		if err != nil || results < 1+ResetStatements {
@@ -185,13 +170,48 @@ func (c *Conn) commit(ctx context.Context) error {
 		_ = c.Reset(cctx)
 		return fmt.Errorf("%w: %w", ErrNotCommitted, commitErr)
 	}
-	if pgconn.SafeToRetry(commitErr) {
-		// Nothing was sent (the context ended just before): roll back.
-		return joinCleanup(fmt.Errorf("%w: %w", ErrNotCommitted, commitErr), c.rollback(ctx))
-	}
-	// Sent, no answer: the outcome is unknown, and so is the session's.
+	// Sent (or, after a failed write, possibly sent), no answer: the outcome is unknown, and so is the session's.
 	c.MarkDirty(&CleanupError{Step: "commit", Err: commitErr})
 	return fmt.Errorf("%w: %w", ErrCommitUnknown, commitErr)
+}
+
+// execCommit sends "COMMIT; <reset>" and reads the answers under ctx. It
+// returns how many statements completed, COMMIT's own outcome (nil,
+// pgx.ErrTxCommitRollback when the transaction had failed, the server's
+// error, or, when COMMIT got no answer, the connection's error) and the
+// first error of the whole string.
+func (c *Conn) execCommit(ctx context.Context, failed bool) (results int, commitErr, err error) {
+	pg := c.conn.PgConn()
+	c.query.String = "COMMIT; " + c.resetSQL()
+	fe := pg.Frontend()
+	fe.Send(&c.query)
+	if err = fe.Flush(); err != nil {
+		return 0, err, err // sent or not: unknown
+	}
+	// ctx ends the wait by a deadline on the socket: one watcher for the
+	// whole answer, where pgconn's would be armed message by message. An
+	// unanswered COMMIT is in doubt either way, and c is destroyed.
+	if ctx.Done() != nil {
+		nc := pg.Conn()
+		stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Now()) })
+		defer func() {
+			if !stop() {
+				_ = nc.SetDeadline(time.Time{}) // c is dirty by now; tidy all the same
+			}
+		}()
+	}
+	results, err = readAnswersCtx(context.Background(), pg, nil, func(i int, tag []byte) {
+		if i == 0 && (failed || string(tag) == "ROLLBACK") {
+			commitErr = pgx.ErrTxCommitRollback
+		}
+	})
+	if err != nil && ctx.Err() != nil {
+		err = errors.Join(context.Cause(ctx), err)
+	}
+	if results == 0 {
+		commitErr = err // no answer to COMMIT itself
+	}
+	return results, commitErr, err
 }
 
 // rollback ends whatever transaction is open on c and resets the session,
