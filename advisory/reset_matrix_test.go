@@ -464,3 +464,49 @@ func TestNextRequestSeesOnlyItsTenantsRows(t *testing.T) {
 		}
 	}
 }
+
+// TestResetRestoresRoleFromAlterRoleSet: a connection whose role comes from
+// ALTER ROLE ... SET role (not the DSN) gets that role back after a
+// callback's SET ROLE; and what the reset documents it does not undo holds:
+// a custom setting the callback created reads '' (not NULL), a statement it
+// prepared stays prepared.
+func TestResetRestoresRoleFromAlterRoleSet(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	roles := testRoles(t, admin, 3, "LOGIN")
+	login, tenant, other := roles[0], roles[1], roles[2]
+	q := func(s string) string { return pgx.Identifier{s}.Sanitize() }
+	for _, sql := range []string{
+		"GRANT " + q(tenant) + ", " + q(other) + " TO " + q(login),
+		"ALTER ROLE " + q(login) + " SET role = " + q(tenant),
+	} {
+		_, err := admin.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	cfg.ConnConfig.User = login
+	pool := pgtest.NewPool(t, cfg)
+	l := newLocker(t, pool, advisory.Config{})
+
+	var cur string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_user::text").Scan(&cur))
+	require.Equal(t, tenant, cur, "a fresh connection runs as the role of ALTER ROLE ... SET role")
+	require.NoError(t, l.WithLock(ctx, key(t), nil, func(ctx context.Context, c *pgx.Conn) error {
+		for _, sql := range []string{"SET ROLE " + q(other), "SET pgxlock_rt.y = '1'", "PREPARE rt_kept AS SELECT 1"} {
+			if _, err := c.Exec(ctx, sql); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	var custom *string
+	var prepared int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT current_user::text, current_setting('pgxlock_rt.y', true),
+		(SELECT count(*) FROM pg_prepared_statements WHERE name = 'rt_kept')::int`, pgx.QueryExecModeSimpleProtocol).
+		Scan(&cur, &custom, &prepared))
+	require.Equal(t, tenant, cur, "the next borrower runs as the role the connection started with")
+	require.NotNil(t, custom)
+	require.Equal(t, "", *custom, "a custom setting a callback created reads '' afterwards, not NULL")
+	require.Equal(t, 1, prepared, "a statement the callback prepared stays prepared")
+}

@@ -26,7 +26,7 @@ const ResetSQL = sqlResetIdentity + "; " + sqlUnlockAll + "; " + sqlResetRest
 
 // ResetStatements is the number of statements, so of results, in
 // [ResetSQL] and in what [Conn.AppendReset] appends.
-const ResetStatements = 8
+const ResetStatements = 7
 
 const (
 	sqlResetIdentity = "RESET SESSION AUTHORIZATION; RESET ROLE"
@@ -39,7 +39,7 @@ const (
 	probeName       = "pgxlock_reset"
 	sqlPrepareProbe = "PREPARE " + probeName + " AS " + sqlUnlockAll
 	sqlExecProbe    = "EXECUTE " + probeName
-	sqlResetRest    = "CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP; DISCARD SEQUENCES"
+	sqlResetRest    = "CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP"
 	resetSQL        = ResetSQL
 	probeResetSQL   = sqlResetIdentity + "; " + sqlExecProbe + "; " + sqlResetRest
 )
@@ -49,7 +49,7 @@ const (
 // on a connection that has one.
 var resetStatements = [ResetStatements]string{
 	"RESET SESSION AUTHORIZATION", "RESET ROLE", sqlUnlockAll,
-	"CLOSE ALL", "UNLISTEN *", "RESET ALL", "DISCARD TEMP", "DISCARD SEQUENCES",
+	"CLOSE ALL", "UNLISTEN *", "RESET ALL", "DISCARD TEMP",
 }
 
 // probeKey is the key of the probe's state in pgconn's per-connection
@@ -138,8 +138,7 @@ func (c *Conn) resetSQL() string {
 //   - every session-level advisory lock dropped (pg_advisory_unlock_all);
 //   - every cursor closed (CLOSE ALL), every LISTEN ended (UNLISTEN *);
 //   - every setting restored (RESET ALL);
-//   - temporary tables dropped (DISCARD TEMP), sequence state forgotten
-//     (DISCARD SEQUENCES);
+//   - temporary tables dropped (DISCARD TEMP);
 //   - on a connection that was lent and uses pgx's statement cache, a
 //     check that the session's prepared statements were not deallocated
 //     (see [Conn.Lend]).
