@@ -468,7 +468,7 @@ func TestNextRequestSeesOnlyItsTenantsRows(t *testing.T) {
 // TestResetRestoresRoleFromAlterRoleSet: a connection whose role comes from
 // ALTER ROLE ... SET role (not the DSN) gets that role back after a
 // callback's SET ROLE; and what the reset documents it does not undo holds:
-// a custom setting the callback created reads '' (not NULL), a statement it
+// a custom setting the callback created reads ” (not NULL), a statement it
 // prepared stays prepared.
 func TestResetRestoresRoleFromAlterRoleSet(t *testing.T) {
 	ctx := testCtx(t)
