@@ -26,7 +26,7 @@
 // batch helpers of package advisory do), whatever that code did, one
 // simple-protocol string runs ([Conn.Reset]):
 //
-//		RESET SESSION AUTHORIZATION; RESET ROLE; SELECT pg_advisory_unlock_all();
+//		RESET SESSION AUTHORIZATION; RESET ROLE; SELECT pg_catalog.pg_advisory_unlock_all();
 //		CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP
 //
 //	  - Identity: RESET SESSION AUTHORIZATION goes back to the user that

@@ -30,7 +30,7 @@ const ResetStatements = 7
 
 const (
 	sqlResetIdentity = "RESET SESSION AUTHORIZATION; RESET ROLE"
-	sqlUnlockAll     = "SELECT pg_advisory_unlock_all()"
+	sqlUnlockAll     = "SELECT pg_catalog.pg_advisory_unlock_all()"
 	// The probe: pg_advisory_unlock_all() prepared once per connection
 	// (see Conn.Lend). Executing it needs no parse or plan, and fails with
 	// SQLSTATE 26000 once something has deallocated every prepared

@@ -109,7 +109,7 @@ var (
 // reset that the library sends after COMMIT.
 // resetStatements mirror the library's reset (pooltx's ResetSQL) one by
 // one, as its batch form queues them.
-var resetStatements = []string{"RESET SESSION AUTHORIZATION", "RESET ROLE", "SELECT pg_advisory_unlock_all()",
+var resetStatements = []string{"RESET SESSION AUTHORIZATION", "RESET ROLE", "SELECT pg_catalog.pg_advisory_unlock_all()",
 	"CLOSE ALL", "UNLISTEN *", "RESET ALL", "DISCARD TEMP"}
 
 func rawBatch3(reset bool) func(ctx context.Context, e *Env, s Spec) (*Instance, error) {
