@@ -101,9 +101,9 @@ type dirtyState struct {
 
 // resetFixture is one run's roles and keys.
 type resetFixture struct {
-	other, tenant string
-	lockKey       int64
-	n             int // distinguishes names per case
+	other   string
+	lockKey int64
+	n       int // distinguishes names per case
 }
 
 func resetStates() []dirtyState {
