@@ -196,7 +196,10 @@ func (c *Conn) execCommit(ctx context.Context, failed bool) (results int, commit
 		stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Now()) })
 		defer func() {
 			if !stop() {
-				_ = nc.SetDeadline(time.Time{}) // c is dirty by now; tidy all the same
+				// ctx ended while the answers were read: the deadline may
+				// be set (or about to be) on the socket, whatever the
+				// answers said. Such a socket never goes back to the pool.
+				c.MarkDirty(&CleanupError{Step: "commit", Err: context.Cause(ctx)})
 			}
 		}()
 	}
