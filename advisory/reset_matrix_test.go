@@ -510,3 +510,32 @@ func TestResetRestoresRoleFromAlterRoleSet(t *testing.T) {
 	require.Equal(t, "", *custom, "a custom setting a callback created reads '' afterwards, not NULL")
 	require.Equal(t, 1, prepared, "a statement the callback prepared stays prepared")
 }
+
+// TestHandleUnlocksWithoutReset: a handle's connection runs only this
+// package's statements, so its Unlock is the unlock alone (the last
+// statement its backend ran), while WithLock's ends with the reset.
+func TestHandleUnlocksWithoutReset(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	pool := pgtest.NewPool(t, cfg)
+	l := newLocker(t, pool, advisory.Config{})
+	lastQuery := func(pid uint32) string {
+		var q string
+		require.NoError(t, admin.QueryRow(ctx, "SELECT query FROM pg_stat_activity WHERE pid = $1", int64(pid)).Scan(&q))
+		return q
+	}
+	var pid uint32
+	require.NoError(t, l.WithLock(ctx, key(t), nil, func(ctx context.Context, c *pgx.Conn) error {
+		pid = c.PgConn().PID()
+		return nil
+	}))
+	require.Contains(t, lastQuery(pid), "RESET ALL", "a callback's connection is reset")
+	h, err := l.Lock(ctx, key(t), nil)
+	require.NoError(t, err)
+	require.NoError(t, h.Unlock(ctx))
+	q := lastQuery(pid)
+	require.Contains(t, q, "pg_advisory_unlock", "the handle ran on the pool's one connection")
+	require.NotContains(t, q, "RESET", "a handle's unlock needs no reset")
+}
