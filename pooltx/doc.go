@@ -31,7 +31,7 @@
 //
 //	  - Identity: RESET SESSION AUTHORIZATION goes back to the user that
 //	    logged in (PostgreSQL checks the authenticated user, so it works
-//	    whatever role the session switched to) and sets role to none; RESET
+//	    whatever role the session switched to), which may leave role at none; RESET
 //	    ROLE then restores the role the connection started with, one from
 //	    the connection string's RuntimeParams or from ALTER ROLE ... SET role
 //	    included. RESET ALL alone skips both (they are flagged NO_RESET_ALL).

@@ -18,7 +18,7 @@ import (
 // its connection, which also detects a DEALLOCATE ALL.
 //
 // The order matters: RESET SESSION AUTHORIZATION goes back to the
-// authenticated user and sets role to none, RESET ROLE then restores the
+// authenticated user (which may leave role at none), RESET ROLE then restores the
 // role the connection started with (from the connection string or from
 // ALTER ROLE ... SET role); RESET ALL skips both (PostgreSQL flags them
 // NO_RESET_ALL).
