@@ -26,31 +26,33 @@
 // batch helpers of package advisory do), whatever that code did, one
 // simple-protocol string runs ([Conn.Reset]):
 //
-//		RESET SESSION AUTHORIZATION; RESET ROLE; SELECT pg_catalog.pg_advisory_unlock_all();
-//		CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP
+//	RESET SESSION AUTHORIZATION; RESET ROLE; SELECT pg_catalog.pg_advisory_unlock_all();
+//	CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP
 //
-//	  - Identity: RESET SESSION AUTHORIZATION goes back to the user that
-//	    logged in (PostgreSQL checks the authenticated user, so it works
-//	    whatever role the session switched to), which may leave role at none; RESET
-//	    ROLE then restores the role the connection started with, one from
-//	    the connection string's RuntimeParams or from ALTER ROLE ... SET role
-//	    included. RESET ALL alone skips both (they are flagged NO_RESET_ALL).
-//	    Identity is never kept, whether changed by SET ROLE, SET SESSION
-//	    AUTHORIZATION or set_config('role', ..., false).
-//	  - Every session-level advisory lock is dropped, every cursor (WITH
-//	    HOLD ones) closed, every LISTEN ended, every temporary table dropped.
-//	  - Every setting goes back to its value at connection start: the
-//	    server's, database's and role's defaults and the connection string's
-//	    RuntimeParams (e.g. ?search_path=app in the DSN) survive. A SET run
-//	    in pgxpool's AfterConnect does not survive the first release by this
-//	    package: put such settings in RuntimeParams.
-//	  - pgx's statement cache keeps working: on a connection that uses it
-//	    (the default QueryExecModeCacheStatement), the first [Conn.Lend]
-//	    prepares the reset's own unlock statement (once in the connection's
-//	    life), and the reset executes it by name. After a DEALLOCATE ALL (or
-//	    pgx's Conn.DeallocateAll) that statement is gone, the reset fails and
-//	    the connection is destroyed, so the next borrower's cached statements
-//	    never fail with 26000.
+// It restores:
+//
+//   - Identity: RESET SESSION AUTHORIZATION goes back to the user that
+//     logged in (PostgreSQL checks the authenticated user, so it works
+//     whatever role the session switched to), which may leave role at none; RESET
+//     ROLE then restores the role the connection started with, one from
+//     the connection string's RuntimeParams or from ALTER ROLE ... SET role
+//     included. RESET ALL alone skips both (they are flagged NO_RESET_ALL).
+//     Identity is never kept, whether changed by SET ROLE, SET SESSION
+//     AUTHORIZATION or set_config('role', ..., false).
+//   - Every session-level advisory lock is dropped, every cursor (WITH
+//     HOLD ones) closed, every LISTEN ended, every temporary table dropped.
+//   - Every setting goes back to its value at connection start: the
+//     server's, database's and role's defaults and the connection string's
+//     RuntimeParams (e.g. ?search_path=app in the DSN) survive. A SET run
+//     in pgxpool's AfterConnect does not survive the first release by this
+//     package: put such settings in RuntimeParams.
+//   - pgx's statement cache keeps working: on a connection that uses it
+//     (the default QueryExecModeCacheStatement), the first [Conn.Lend]
+//     prepares the reset's own unlock statement (once in the connection's
+//     life), and the reset executes it by name. After a DEALLOCATE ALL (or
+//     pgx's Conn.DeallocateAll) that statement is gone, the reset fails and
+//     the connection is destroyed, so the next borrower's cached statements
+//     never fail with 26000.
 //
 // On the way out of [WithTx] the reset shares COMMIT's (or ROLLBACK's)
 // round trip, and in advisory's session helpers the unlock's, so a helper
