@@ -66,12 +66,13 @@
 // What the reset does not undo, and why:
 //
 //   - A custom setting (a name with a dot, such as my.tenant) that the work
-//     created reads ” afterwards, not NULL: PostgreSQL keeps a placeholder
-//     for it for the rest of the session, and RESET ALL sets it to the
-//     empty string; only a new connection drops it, and destroying every
-//     connection that saw one would cost a new connection per call to code
-//     that uses them. Code that tells "unset" by NULL must treat ” the
-//     same: nullif(current_setting('my.tenant', true), ”).
+//     created reads as the empty string afterwards, not as NULL: PostgreSQL
+//     keeps a placeholder for it for the rest of the session, and RESET ALL
+//     sets it to the empty string; only a new connection drops it, and
+//     destroying every connection that saw one would cost a new connection
+//     per call to code that uses them. Code that tells "unset" by NULL
+//     (current_setting with missing_ok) must treat the empty string as
+//     unset too.
 //   - Statements the work prepared itself (PREPARE, pgx's Conn.Prepare)
 //     stay prepared: DEALLOCATE ALL would also drop pgx's statement cache
 //     behind its back (so would DISCARD ALL, which besides cannot run in
