@@ -289,7 +289,8 @@ func (x *batchAttempt) run(b *pgx.Batch) error {
 		// Given up before anything was sent: send nothing.
 		return &LockError{Op: x.op, Keys: x.s.all, Err: classify(ctx, context.Cause(x.wctx))}
 	}
-	pg := c.Conn().PgConn()
+	// b's statements are the caller's: the full reset follows them.
+	pg := c.Lend(ctx).PgConn()
 	// One watcher covers the whole pipeline: ctx's end (cancellation or
 	// deadline) sends a cancel request. The call's timeout is enforced by
 	// the server alone (lock_timeout), as it bounds only the lock wait: the
@@ -330,7 +331,7 @@ func (x *batchAttempt) run(b *pgx.Batch) error {
 		x.committed = true
 		return nil
 	})
-	c.QueueReset(p) // marks c clean once RESET ALL has answered
+	c.QueueReset(p) // marks c clean once the reset's last statement has answered
 
 	// A reader that panics (or exits its goroutine) leaves the pipeline
 	// half read: the connection is destroyed and the panic goes on.

@@ -83,11 +83,14 @@
 // unlock may run on another connection (and fail), and the locked
 // connection goes back to the pool still holding the lock for the next
 // borrower. Every call here pins one connection from acquire to unlock.
-// The unlock shares its round trip with pooltx's reset
-// (pg_advisory_unlock_all and RESET ALL), so neither a lock the callback
-// took again on the pinned connection (locks stack: two locks need two
-// unlocks) nor a setting it changed survives into the pool; a
-// transaction-scope call resets in COMMIT's round trip the same way. The
+// The unlock shares its round trip with pooltx's reset (see pooltx's
+// package documentation for the exact statements), so nothing the callback
+// did on the pinned connection survives into the pool: not a lock it took
+// again (locks stack: two locks need two unlocks), not a setting, not a
+// role or session authorization it switched to, not a temporary table, a
+// LISTEN or a cursor; a transaction-scope call, and a batch, reset in
+// COMMIT's round trip the same way. Handles and Hold, whose connections
+// run only this package's statements, unlock without a reset. The
 // unlock's boolean is checked: false means the lock was not held any more,
 // which the call reports as [ErrNotHeld] while the connection is destroyed.
 //

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgxlock/pgxlock/keys"
 	"github.com/pgxlock/pgxlock/pooltx"
@@ -106,7 +105,7 @@ func (l *Locker) withSession(ctx context.Context, a *acquired, ks []keys.Key, op
 			l.unpin(a.c)
 		}
 	}()
-	fnErr := fn(ctx, a.c.Conn())
+	fnErr := fn(ctx, a.c.Lend(ctx))
 	panicked = false
 	txErr := l.endLeftTx(ctx, a)
 	uerr := l.unlockSession(ctx, a.c, &a.s, a.shared)
@@ -329,29 +328,51 @@ func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 	_ = c.Reset(cctx) // a failure marks c dirty
 }
 
-// unlockSession releases the keys of s on c, in reverse order, then resets
-// the session (pooltx's reset: any other session-level advisory lock left
-// on c is dropped and every setting restored), in one round trip under a
-// fresh bounded context. A false unlock (the lock was not held) or a
-// failure marks c dirty.
+// unlockSession releases the keys of s on c, in reverse order, under a
+// fresh bounded context. On a connection that was lent to a callback
+// (pooltx.Conn.Lend), pooltx's reset follows in the same round trip (any
+// other session-level advisory lock dropped, identity, settings and session
+// state restored); on one that ran only this package's statements (a
+// handle, Hold, a lock given back at once), the unlock is enough: those
+// statements change nothing else in the session, and c is marked clean. A
+// false unlock (the lock was not held) or a failure marks c dirty.
 func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, shared bool) error {
 	falses := 0
 	var err error
-	if len(s.all) == 1 {
+	switch {
+	case !c.Lent():
+		// Only our statements ran: unlock alone, as raw pgx would (the
+		// prepared statement of pgx's cache, a bound on the socket rather
+		// than a watched context).
+		cctx, cancel := cleanupBound(ctx, c)
+		if len(s.all) == 1 {
+			var held bool
+			sql, args := s.one(kindUnlock, shared, "")
+			err = c.Conn().QueryRow(cctx, sql, args...).Scan(&held)
+			if err == nil && !held {
+				falses = 1
+			}
+		} else {
+			b := &pgx.Batch{}
+			s.queue(b, kindUnlock, shared, 0, boolResults(&falses))
+			err = c.Conn().SendBatch(cctx, b).Close()
+		}
+		cancel()
+		if err == nil && falses == 0 {
+			c.MarkClean()
+		}
+	case len(s.all) == 1:
 		// One key: one simple-protocol string, "unlock; reset", sent with
 		// pgconn (the bound is the socket deadline: no context to watch).
-		nc := c.Conn().PgConn().Conn()
-		_ = nc.SetDeadline(time.Now().Add(c.CleanupTimeout()))
 		var held bool
-		held, err = execUnlockReset(c.Conn().PgConn(), s.unlockResetSQL(shared))
-		_ = nc.SetDeadline(time.Time{})
+		held, err = execUnlockReset(c, s.unlockResetSQL(c, shared))
 		if err == nil {
 			c.MarkClean() // the whole string ran: the reset included
 			if !held {
 				falses = 1
 			}
 		}
-	} else {
+	default:
 		cctx, cancel := cleanupBound(ctx, c)
 		defer cancel()
 		b := &pgx.Batch{}
@@ -393,31 +414,20 @@ func cleanupBound(ctx context.Context, c *pooltx.Conn) (context.Context, func())
 	return context.WithoutCancel(ctx), func() { _ = nc.SetDeadline(time.Time{}) }
 }
 
-// execUnlockReset runs the string of keySet.unlockResetSQL on pg and
-// reports the unlock's answer. Any error, or fewer than the three results
-// of "unlock; pg_advisory_unlock_all; RESET ALL", is returned.
-func execUnlockReset(pg *pgconn.PgConn, sql string) (held bool, err error) {
-	mrr := pg.Exec(context.Background(), sql)
-	results := 0
-	for mrr.NextResult() {
-		rr := mrr.ResultReader()
-		if results == 0 {
-			for rr.NextRow() {
-				if v := rr.Values(); len(v) == 1 && string(v[0]) == "t" {
-					held = true
-				}
-			}
+// execUnlockReset runs the string of keySet.unlockResetSQL on c, bounded
+// by the cleanup timeout, and reports the unlock's answer. Any error, or
+// fewer results than the unlock and the pooltx.ResetStatements statements
+// of the reset, is returned.
+func execUnlockReset(c *pooltx.Conn, sql string) (held bool, err error) {
+	rows := 0
+	results, err := c.ExecBounded(sql, func(v [][]byte) {
+		if rows == 0 && len(v) == 1 && string(v[0]) == "t" {
+			held = true // the first row is the unlock's
 		}
-		if _, rerr := rr.Close(); rerr != nil && err == nil {
-			err = rerr
-		}
-		results++
-	}
-	if cerr := mrr.Close(); cerr != nil && err == nil {
-		err = cerr
-	}
-	if err == nil && results != 3 {
-		err = fmt.Errorf("advisory: unlock and reset answered %d results of 3", results)
+		rows++
+	})
+	if err == nil && results != 1+pooltx.ResetStatements {
+		err = fmt.Errorf("advisory: unlock and reset answered %d results of %d", results, 1+pooltx.ResetStatements)
 	}
 	return held, err
 }

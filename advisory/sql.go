@@ -188,11 +188,12 @@ func (s *keySet) one(k kind, shared bool, timeout string) (string, []any) {
 }
 
 // unlockResetSQL returns the simple-protocol string that unlocks the single
-// key of s in the given mode and then resets the session (pooltx.ResetSQL):
-// one round trip, three results. The key is written as a numeric literal
+// key of s in the given mode and then resets the session of c
+// (pooltx.Conn.AppendReset): one round trip, 1+pooltx.ResetStatements
+// results. The key is written as a numeric literal
 // (strconv, never input text), as pgx's own simple protocol would render it.
-func (s *keySet) unlockResetSQL(shared bool) string {
-	var buf [160]byte
+func (s *keySet) unlockResetSQL(c *pooltx.Conn, shared bool) string {
+	var buf [256]byte
 	b := append(buf[:0], "SELECT "...)
 	b = append(b, funcNames[kindUnlock]...)
 	if shared {
@@ -208,7 +209,7 @@ func (s *keySet) unlockResetSQL(shared bool) string {
 		b = strconv.AppendInt(b, int64(y), 10)
 	}
 	b = append(b, "); "...)
-	b = append(b, pooltx.ResetSQL...)
+	b = c.AppendReset(b)
 	return string(b)
 }
 

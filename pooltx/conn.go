@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -51,12 +51,15 @@ type Conn struct {
 	timeout time.Duration
 	dirty   error
 	clean   bool // the session is known to be as the pool gave it: Release skips the reset
+	lent    bool // handed to code the caller does not control (Lend)
 
 	// The batch that begins a transaction ([Conn.Tx]), kept here so that
 	// a transaction allocates neither it nor, for up to len(queued)
 	// statements, its queue.
 	batch  pgx.Batch
 	queued [4]*pgx.QueuedQuery
+
+	query pgproto3.Query // the reset's message (resetBounded), kept here: no allocation
 }
 
 // Acquire pins one connection of pool. ctx governs only the wait for a
@@ -100,11 +103,13 @@ func (c *Conn) Dirty() error { return c.dirty }
 
 // Release ends the pin. A connection that is open, not busy, outside any
 // transaction (TxStatus 'I') and not marked dirty is reset ([Conn.Reset]:
-// its session-level advisory locks dropped and its settings restored, one
-// round trip) unless that has already been done, and goes back to the pool;
-// any other, and one whose reset fails, is hijacked out of the pool and
-// closed, so the server ends its session and every lock it held. Release is
-// idempotent and reports whether the connection was destroyed.
+// identity, settings and session state restored, session-level advisory
+// locks dropped, one round trip bounded by the cleanup timeout) unless that
+// has already been done or the caller vouched for it ([Conn.MarkClean]),
+// and goes back to the pool; any other, and one whose reset fails, is
+// hijacked out of the pool and closed, so the server ends its session and
+// every lock it held. Release is idempotent and reports whether the
+// connection was destroyed.
 func (c *Conn) Release() (destroyed bool) {
 	if c.pc == nil {
 		return false
@@ -153,59 +158,6 @@ func closeNow(raw *pgx.Conn, timeout time.Duration) {
 	_ = pg.Conn().Close()
 }
 
-// Reset returns the session of c to what the pool gave out, as far as the
-// rule of the package goes: it drops every session-level advisory lock
-// (pg_advisory_unlock_all) and undoes every session setting (RESET ALL),
-// in one round trip under ctx. On success c counts as clean and Release
-// returns it to the pool without a further round trip, provided nothing
-// else runs on c in between. A failure marks c dirty and returns a
-// *CleanupError with Step "reset". It must not run inside a transaction
-// (RESET ALL there would be undone by a rollback).
-//
-// RESET ALL restores each setting to its value at connection start: the
-// server's, database's and role's defaults and the connection string's
-// RuntimeParams survive; a SET run in pgxpool's AfterConnect does not (put
-// such settings in ConnConfig.RuntimeParams instead).
-func (c *Conn) Reset(ctx context.Context) error {
-	if _, err := c.conn.Exec(ctx, resetSQL); err != nil {
-		cerr := &CleanupError{Step: "reset", Err: err}
-		c.MarkDirty(cerr)
-		return cerr
-	}
-	c.clean = true
-	return nil
-}
-
-// QueueReset adds the statements of [Conn.Reset] to b, for a caller whose
-// own last statements (an unlock, say) go out in the same round trip. c
-// counts as clean once b's results have been read without error; nothing
-// else may run on c between b and Release.
-func (c *Conn) QueueReset(b *pgx.Batch) {
-	b.Queue(sqlUnlockAll)
-	b.Queue(sqlResetAll).Exec(func(pgconn.CommandTag) error {
-		c.clean = true
-		return nil
-	})
-}
-
-// MarkClean records that nothing run on c since it was acquired (or last
-// reset) can have left a session-level lock or changed a setting, for
-// example a try-lock that was refused: Release then returns c to the pool
-// without the reset. The caller vouches for every statement that ran; it
-// must not be used once the connection was handed to code it does not
-// control.
-func (c *Conn) MarkClean() { c.clean = true }
-
-// resetBounded runs Reset under the cleanup bound: a deadline on the
-// socket rather than a watched context, which costs pgx nothing. A reset
-// cut short by the deadline fails, and c is destroyed.
-func (c *Conn) resetBounded() {
-	nc := c.conn.PgConn().Conn()
-	_ = nc.SetDeadline(time.Now().Add(c.timeout))
-	_ = c.Reset(context.Background())
-	_ = nc.SetDeadline(time.Time{})
-}
-
 // Destroy marks the connection dirty with reason and releases it, which
 // closes it. It is a shorthand for MarkDirty followed by Release.
 func (c *Conn) Destroy(reason error) {
@@ -213,10 +165,11 @@ func (c *Conn) Destroy(reason error) {
 	c.Release()
 }
 
-// WithConn pins one connection of pool, runs fn with it, and releases it by
-// the rule in the package doc: whatever fn did, the connection goes back to
-// the pool with no session-level advisory lock and no changed setting (one
-// round trip, see [Conn.Reset]), or it is destroyed. ctx governs acquiring
+// WithConn pins one connection of pool, lends it to fn ([Conn.Lend]), and
+// releases it by the rule in the package doc: whatever fn did, the
+// connection goes back to the pool as a fresh connection of the pool would
+// be, identity, settings and session state included, with no session-level
+// advisory lock (one round trip, see [Conn.Reset]), or it is destroyed. ctx governs acquiring
 // the connection and is passed to fn; the reset runs under the cleanup
 // bound. fn's error is returned as is. A panic in fn destroys the
 // connection and is re-raised. fn must not call Release itself.
@@ -226,6 +179,7 @@ func WithConn(ctx context.Context, pool *pgxpool.Pool, opts *ConnOptions, fn fun
 		return err
 	}
 	defer c.Release()
+	c.Lend(ctx)
 	return runGuarded(c, fn, ctx, c)
 }
 

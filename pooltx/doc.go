@@ -9,37 +9,83 @@
 // # The rule
 //
 // A connection that may still hold a session-level lock, an open
-// transaction or a changed session setting never goes back to the pool.
-// Either it is known to be clean and is released, or it is hijacked out of
-// the pool and closed. There is no third outcome: when in doubt, destroy.
-// Destroying costs one new connection later; releasing a dirty one hands a
-// lock or a half-done transaction to an unrelated borrower.
+// transaction or any changed session state (settings, role, session
+// authorization, temporary tables, LISTEN, cursors) never goes back to the
+// pool. Either it is known to be clean and is released, or it is hijacked
+// out of the pool and closed. There is no third outcome: when in doubt,
+// destroy. Destroying costs one new connection later; releasing a dirty one
+// hands a lock, a half-done transaction or another user's identity to an
+// unrelated borrower.
 //
-// A connection is made clean by a reset ([Conn.Reset]) before every release,
-// whatever the callback did: "SELECT pg_advisory_unlock_all(); RESET ALL"
-// drops every session-level advisory lock and restores every setting to its
-// value at connection start. On the way out of [WithTx] the reset shares
-// COMMIT's (or ROLLBACK's) round trip, so a transaction costs no more round
-// trips than before; [WithConn] and [Conn.Release] pay one round trip for
-// it. Callers that end with statements of their own queue the reset with
-// them ([Conn.QueueReset]).
+// # The reset
 //
-// What the reset keeps and what it does not:
+// Its invariant: after any work lent a connection, the next borrower sees
+// what a fresh connection of the pool sees, or gets a fresh connection.
+// Before every release of a connection that was lent to code the caller
+// does not control ([Conn.Lend]: [WithConn], [WithTx] and the callback and
+// batch helpers of package advisory do), whatever that code did, one
+// simple-protocol string runs ([Conn.Reset]):
 //
-//   - Settings from the server, the database, the role and the connection
-//     string (pgx's ConnConfig.RuntimeParams, e.g. ?search_path=app in the
-//     DSN) survive: they are the connection's defaults. A SET run in
-//     pgxpool's AfterConnect does not survive the first release by this
+//	RESET SESSION AUTHORIZATION; RESET ROLE; SELECT pg_catalog.pg_advisory_unlock_all();
+//	CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP
+//
+// It restores:
+//
+//   - Identity: RESET SESSION AUTHORIZATION goes back to the user that
+//     logged in (PostgreSQL checks the authenticated user, so it works
+//     whatever role the session switched to), which may leave role at none; RESET
+//     ROLE then restores the role the connection started with, one from
+//     the connection string's RuntimeParams or from ALTER ROLE ... SET role
+//     included. RESET ALL alone skips both (they are flagged NO_RESET_ALL).
+//     Identity is never kept, whether changed by SET ROLE, SET SESSION
+//     AUTHORIZATION or set_config('role', ..., false).
+//   - Every session-level advisory lock is dropped, every cursor (WITH
+//     HOLD ones) closed, every LISTEN ended, every temporary table dropped.
+//   - Every setting goes back to its value at connection start: the
+//     server's, database's and role's defaults and the connection string's
+//     RuntimeParams (e.g. ?search_path=app in the DSN) survive. A SET run
+//     in pgxpool's AfterConnect does not survive the first release by this
 //     package: put such settings in RuntimeParams.
-//   - Prepared statements are kept (DISCARD ALL would also drop pgx's
-//     statement cache behind its back). Temporary tables, LISTEN
-//     registrations and cursors WITH HOLD are not reset: a callback that
-//     creates them must remove them itself.
+//   - pgx's statement cache keeps working: on a connection that uses it
+//     (the default QueryExecModeCacheStatement), the first [Conn.Lend]
+//     prepares the reset's own unlock statement (once in the connection's
+//     life), and the reset executes it by name. After a DEALLOCATE ALL (or
+//     pgx's Conn.DeallocateAll) that statement is gone, the reset fails and
+//     the connection is destroyed, so the next borrower's cached statements
+//     never fail with 26000.
+//
+// On the way out of [WithTx] the reset shares COMMIT's (or ROLLBACK's)
+// round trip, and in advisory's session helpers the unlock's, so a helper
+// costs no more round trips than the same work by hand; [WithConn] and
+// [Conn.Release] pay one round trip for it. Its answers are read message by
+// message, with no allocation per statement. A connection that was never
+// lent ran only its caller's statements: the caller may vouch for it
+// ([Conn.MarkClean]: advisory's handles, Hold and refused try-locks,
+// lease's frames), and it goes back with no reset at all.
+//
+// What the reset does not undo, and why:
+//
+//   - A custom setting (a name with a dot, such as my.tenant) that the work
+//     created reads as the empty string afterwards, not as NULL: PostgreSQL
+//     keeps a placeholder for it for the rest of the session, and RESET ALL
+//     sets it to the empty string; only a new connection drops it, and
+//     destroying every connection that saw one would cost a new connection
+//     per call to code that uses them. Code that tells "unset" by NULL
+//     (current_setting with missing_ok) must treat the empty string as
+//     unset too.
+//   - Statements the work prepared itself (PREPARE, pgx's Conn.Prepare)
+//     stay prepared: DEALLOCATE ALL would also drop pgx's statement cache
+//     behind its back (so would DISCARD ALL, which besides cannot run in
+//     the reset's implicit transaction), and the server offers no cheap way
+//     to tell them from pgx's. A later borrower preparing the same name
+//     gets 42P05.
+//   - Sequence state (currval, lastval) is not reset.
 //
 // A connection is destroyed instead when:
 //
 //   - the callback panicked (the panic is re-raised after cleanup);
-//   - a cleanup step (rollback, unlock, reset) failed or timed out;
+//   - a cleanup step (rollback, unlock, reset) failed or timed out, the
+//     reset's check for a DEALLOCATE ALL included;
 //   - the connection is closed, busy, or not idle in the transaction sense
 //     (TxStatus other than 'I') when the work ends;
 //   - a COMMIT went unanswered ([ErrCommitUnknown]);

@@ -5,19 +5,6 @@ import (
 	"fmt"
 )
 
-// ResetSQL is the reset of [Conn.Reset] as one simple-protocol string. A
-// caller whose own last statement runs in the simple protocol may append
-// it ("...; " + ResetSQL, one round trip) and call [Conn.MarkClean] once
-// the whole string has succeeded.
-const ResetSQL = sqlUnlockAll + "; " + sqlResetAll
-
-// The two statements of the reset, for a caller's batch (Conn.QueueReset).
-const (
-	sqlUnlockAll = "SELECT pg_advisory_unlock_all()"
-	sqlResetAll  = "RESET ALL"
-	resetSQL     = ResetSQL
-)
-
 // Outcomes of a transaction that fn asked to commit (fn returned nil) and
 // that did not commit cleanly. Both wrap the cause (a *pgconn.PgError,
 // pgx.ErrTxCommitRollback, a context's error or a network error).

@@ -37,9 +37,10 @@ type TxOptions struct {
 
 // WithTx pins one connection of pool, begins a transaction together with
 // opts.Preamble in one round trip, runs fn, and commits when fn returns nil.
-// The COMMIT and the reset of the session ([Conn.Reset]: session-level
-// advisory locks dropped, settings restored) share one round trip, so a
-// session lock or a SET that fn left behind never reaches the pool.
+// The COMMIT and the reset of the session ([Conn.Reset]: identity,
+// settings and session state restored, session-level advisory locks
+// dropped) share one round trip, so a session lock, a SET ROLE or a SET that
+// fn left behind never reaches the pool.
 //
 // ctx governs acquiring, BEGIN with the preamble, fn and COMMIT. When the
 // preamble or fn fails, the transaction is rolled back (and the session
@@ -94,7 +95,7 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 	if opts == nil {
 		opts = &TxOptions{}
 	}
-	c.clean = false
+	c.Lend(ctx) // fn gets the transaction, and with it the connection
 	c.batch = pgx.Batch{QueuedQueries: c.queued[:0]}
 	clear(c.queued[:])
 	b := &c.batch
@@ -144,29 +145,14 @@ func (c *Conn) commit(ctx context.Context) error {
 		return joinCleanup(fmt.Errorf("%w: the context ended before COMMIT: %w", ErrNotCommitted, err), c.rollback(ctx))
 	}
 	failed := pg.TxStatus() == 'E' // COMMIT will answer ROLLBACK
-	// One simple-protocol round trip: COMMIT, then the two statements of
-	// the reset. The server stops at the first error.
-	mrr := pg.Exec(ctx, "COMMIT; "+resetSQL)
-	results := 0
-	var commitErr error
-	for mrr.NextResult() {
-		tag, err := mrr.ResultReader().Close()
-		if results == 0 {
-			commitErr = err
-			if err == nil && (failed || tag.String() == "ROLLBACK") {
-				commitErr = pgx.ErrTxCommitRollback
-			}
-		}
-		results++
-	}
-	err := mrr.Close()
-	if results == 0 {
-		commitErr = err // no answer to COMMIT itself
-	}
+	// One simple-protocol round trip: COMMIT, then the statements of the
+	// reset. The server stops at the first error. The answers are read
+	// message by message (readAnswers): no allocation per statement.
+	results, commitErr, err := c.execCommit(ctx, failed)
 	if commitErr == nil || errors.Is(commitErr, pgx.ErrTxCommitRollback) {
 		// COMMIT answered. The reset ran after it unless err says otherwise.
-		if err != nil || results < 3 {
-			c.MarkDirty(&CleanupError{Step: "reset", Err: errors.Join(err, errors.New("reset did not complete"))})
+		if err != nil || results < 1+ResetStatements {
+			c.MarkDirty(&CleanupError{Step: "reset", Err: errors.Join(err, errResetIncomplete)})
 		} else {
 			c.clean = true
 		}
@@ -184,13 +170,51 @@ func (c *Conn) commit(ctx context.Context) error {
 		_ = c.Reset(cctx)
 		return fmt.Errorf("%w: %w", ErrNotCommitted, commitErr)
 	}
-	if pgconn.SafeToRetry(commitErr) {
-		// Nothing was sent (the context ended just before): roll back.
-		return joinCleanup(fmt.Errorf("%w: %w", ErrNotCommitted, commitErr), c.rollback(ctx))
-	}
-	// Sent, no answer: the outcome is unknown, and so is the session's.
+	// Sent (or, after a failed write, possibly sent), no answer: the outcome is unknown, and so is the session's.
 	c.MarkDirty(&CleanupError{Step: "commit", Err: commitErr})
 	return fmt.Errorf("%w: %w", ErrCommitUnknown, commitErr)
+}
+
+// execCommit sends "COMMIT; <reset>" and reads the answers under ctx. It
+// returns how many statements completed, COMMIT's own outcome (nil,
+// pgx.ErrTxCommitRollback when the transaction had failed, the server's
+// error, or, when COMMIT got no answer, the connection's error) and the
+// first error of the whole string.
+func (c *Conn) execCommit(ctx context.Context, failed bool) (results int, commitErr, err error) {
+	pg := c.conn.PgConn()
+	c.query.String = "COMMIT; " + c.resetSQL()
+	fe := pg.Frontend()
+	fe.Send(&c.query)
+	if err = fe.Flush(); err != nil {
+		return 0, err, err // sent or not: unknown
+	}
+	// ctx ends the wait by a deadline on the socket: one watcher for the
+	// whole answer, where pgconn's would be armed message by message. An
+	// unanswered COMMIT is in doubt either way, and c is destroyed.
+	if ctx.Done() != nil {
+		nc := pg.Conn()
+		stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Now()) })
+		defer func() {
+			if !stop() {
+				// ctx ended while the answers were read: the deadline may
+				// be set (or about to be) on the socket, whatever the
+				// answers said. Such a socket never goes back to the pool.
+				c.MarkDirty(&CleanupError{Step: "commit", Err: context.Cause(ctx)})
+			}
+		}()
+	}
+	results, err = readAnswersCtx(context.Background(), pg, nil, func(i int, tag []byte) {
+		if i == 0 && (failed || string(tag) == "ROLLBACK") {
+			commitErr = pgx.ErrTxCommitRollback
+		}
+	})
+	if err != nil && ctx.Err() != nil {
+		err = errors.Join(context.Cause(ctx), err)
+	}
+	if results == 0 {
+		commitErr = err // no answer to COMMIT itself
+	}
+	return results, commitErr, err
 }
 
 // rollback ends whatever transaction is open on c and resets the session,
@@ -203,9 +227,9 @@ func (c *Conn) rollback(ctx context.Context) error {
 		c.MarkDirty(errors.New("pooltx: connection closed"))
 		return nil
 	}
-	sql := resetSQL
+	sql := c.resetSQL()
 	if c.conn.PgConn().TxStatus() != 'I' {
-		sql = "ROLLBACK; " + resetSQL
+		sql = "ROLLBACK; " + sql
 	}
 	cctx, cancel := CleanupContext(ctx, c.timeout)
 	defer cancel()

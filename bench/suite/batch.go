@@ -81,7 +81,7 @@ var (
 		Note: "one pipeline by hand", New: rawBatch3(false)}
 
 	rawXactBatch3Reset = Contender{Name: "raw pgx [BEGIN+lock+3 writes+COMMIT+reset]", Impl: "raw pgx",
-		Note: "the same, plus the library's session reset (unlock_all, RESET ALL)", New: rawBatch3(true)}
+		Note: "the same, plus the library's session reset (identity, unlock_all, cursors, LISTEN, RESET ALL, temp tables)", New: rawBatch3(true)}
 
 	pgxlockWithXactLock3 = Contender{Name: "pgxlock WithXactLock (3 writes)", Impl: "pgxlock",
 		Note: "callback: 2 + 3 round trips",
@@ -107,6 +107,11 @@ var (
 
 // rawBatch3 is the one-pipeline form by hand, with or without the session
 // reset that the library sends after COMMIT.
+// resetStatements mirror the library's reset (pooltx's ResetSQL) one by
+// one, as its batch form queues them.
+var resetStatements = []string{"RESET SESSION AUTHORIZATION", "RESET ROLE", "SELECT pg_catalog.pg_advisory_unlock_all()",
+	"CLOSE ALL", "UNLISTEN *", "RESET ALL", "DISCARD TEMP"}
+
 func rawBatch3(reset bool) func(ctx context.Context, e *Env, s Spec) (*Instance, error) {
 	return func(ctx context.Context, e *Env, s Spec) (*Instance, error) {
 		pool, closeFn, err := newPool(ctx, e, s)
@@ -130,8 +135,11 @@ func rawBatch3(reset bool) func(ctx context.Context, e *Env, s Spec) (*Instance,
 			queueWrites(b, write, fn)
 			b.Queue("COMMIT")
 			if reset {
-				b.Queue("SELECT pg_advisory_unlock_all()")
-				b.Queue("RESET ALL")
+				// pooltx's reset, statement for statement (its probe
+				// form executes a prepared unlock_all instead).
+				for _, sql := range resetStatements {
+					b.Queue(sql)
+				}
 			}
 			if err := c.SendBatch(ctx, b).Close(); err != nil {
 				if c.Conn().PgConn().TxStatus() != 'I' {

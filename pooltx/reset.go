@@ -1,0 +1,299 @@
+package pooltx
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// ResetSQL is the reset of [Conn.Reset] as one simple-protocol string of
+// [ResetStatements] statements, for any connection. A caller whose own
+// last statement runs in the simple protocol may append the reset to it
+// ("...; " + the reset, one round trip) and call [Conn.MarkClean] once the
+// whole string has succeeded; [Conn.AppendReset] appends the form fit for
+// its connection, which also detects a DEALLOCATE ALL.
+//
+// The order matters: RESET SESSION AUTHORIZATION goes back to the
+// authenticated user (which may leave role at none), RESET ROLE then restores the
+// role the connection started with (from the connection string or from
+// ALTER ROLE ... SET role); RESET ALL skips both (PostgreSQL flags them
+// NO_RESET_ALL).
+const ResetSQL = sqlResetIdentity + "; " + sqlUnlockAll + "; " + sqlResetRest
+
+// ResetStatements is the number of statements, so of results, in
+// [ResetSQL] and in what [Conn.AppendReset] appends.
+const ResetStatements = 7
+
+const (
+	sqlResetIdentity = "RESET SESSION AUTHORIZATION; RESET ROLE"
+	sqlUnlockAll     = "SELECT pg_catalog.pg_advisory_unlock_all()"
+	// The probe: pg_advisory_unlock_all() prepared once per connection
+	// (see Conn.Lend). Executing it needs no parse or plan, and fails with
+	// SQLSTATE 26000 once something has deallocated every prepared
+	// statement of the session, pgx's statement cache included: the reset
+	// then fails and the connection is destroyed.
+	probeName       = "pgxlock_reset"
+	sqlPrepareProbe = "PREPARE " + probeName + " AS " + sqlUnlockAll
+	sqlExecProbe    = "EXECUTE " + probeName
+	sqlResetRest    = "CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP"
+	resetSQL        = ResetSQL
+	probeResetSQL   = sqlResetIdentity + "; " + sqlExecProbe + "; " + sqlResetRest
+)
+
+// resetStatements are the statements of the reset one by one, for a
+// caller's batch (QueueReset); index 2 is the unlock, replaced by the probe
+// on a connection that has one.
+var resetStatements = [ResetStatements]string{
+	"RESET SESSION AUTHORIZATION", "RESET ROLE", sqlUnlockAll,
+	"CLOSE ALL", "UNLISTEN *", "RESET ALL", "DISCARD TEMP",
+}
+
+// probeKey is the key of the probe's state in pgconn's per-connection
+// CustomData: probeReady once the probe is prepared, probeUnused where the
+// connection does not use pgx's statement cache (nothing to protect: pgx
+// prepares no named statement there, and under PgBouncer in transaction
+// mode a named statement would not follow the session).
+const probeKey = "pgxlock/pooltx.probe"
+
+const (
+	probeReady  = 1
+	probeUnused = 2
+)
+
+// probe returns the probe's state on c: 0 (not prepared yet), probeReady or
+// probeUnused.
+func (c *Conn) probe() int {
+	v, _ := c.conn.PgConn().CustomData()[probeKey].(int)
+	return v
+}
+
+// Lend returns the connection for code the caller does not control (a
+// callback, or statements of its caller's batch) and records that it was
+// lent: from then on Release runs the whole reset, and [Conn.MarkClean] must
+// not be called. On a connection whose pgx statement cache is in use,
+// the first Lend also prepares the reset's probe (one round trip, once in
+// the connection's life, bounded by the cleanup timeout: ctx contributes
+// only its values), so that a DEALLOCATE ALL run by that code
+// is seen by the reset, which then destroys the connection instead of
+// handing the next borrower a statement cache the server no longer has. A
+// failure to prepare marks c dirty.
+func (c *Conn) Lend(ctx context.Context) *pgx.Conn {
+	c.lent = true
+	c.clean = false
+	if c.dirty != nil || c.conn.IsClosed() || c.probe() != 0 {
+		return c.conn
+	}
+	data := c.conn.PgConn().CustomData()
+	if cfg := c.conn.Config(); cfg.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement || cfg.StatementCacheCapacity <= 0 {
+		data[probeKey] = probeUnused
+		return c.conn
+	}
+	// Under the cleanup bound, not ctx: a cancelled ctx must not close a
+	// connection that may hold the caller's lock.
+	nc := c.conn.PgConn().Conn()
+	_ = nc.SetDeadline(time.Now().Add(c.timeout))
+	_, err := execAll(context.WithoutCancel(ctx), c.conn.PgConn(), sqlPrepareProbe)
+	_ = nc.SetDeadline(time.Time{})
+	if err != nil {
+		c.MarkDirty(&CleanupError{Step: "prepare reset", Err: err})
+		return c.conn
+	}
+	data[probeKey] = probeReady
+	return c.conn
+}
+
+// Lent reports whether c was handed to code its caller does not control
+// ([Conn.Lend]). A connection never lent ran only its caller's own
+// statements, which may be enough to put it back (see [Conn.MarkClean]).
+func (c *Conn) Lent() bool { return c.lent }
+
+// AppendReset appends to b the reset of c as one simple-protocol string of
+// [ResetStatements] statements (the probe's form on a connection that has
+// one: see [Conn.Lend]), for a caller that sends it after statements of
+// its own in the same string and calls [Conn.MarkClean] once every
+// statement has succeeded.
+func (c *Conn) AppendReset(b []byte) []byte {
+	if c.probe() == probeReady {
+		return append(b, probeResetSQL...)
+	}
+	return append(b, resetSQL...)
+}
+
+func (c *Conn) resetSQL() string {
+	if c.probe() == probeReady {
+		return probeResetSQL
+	}
+	return resetSQL
+}
+
+// Reset returns the session of c to what a fresh connection of the pool
+// has, in one round trip under ctx:
+//
+//   - identity: RESET SESSION AUTHORIZATION, then RESET ROLE (current_user
+//     and session_user as at connection start);
+//   - every session-level advisory lock dropped (pg_advisory_unlock_all);
+//   - every cursor closed (CLOSE ALL), every LISTEN ended (UNLISTEN *);
+//   - every setting restored (RESET ALL);
+//   - temporary tables dropped (DISCARD TEMP);
+//   - on a connection that was lent and uses pgx's statement cache, a
+//     check that the session's prepared statements were not deallocated
+//     (see [Conn.Lend]).
+//
+// On success c counts as clean and Release returns it to the pool without a
+// further round trip, provided nothing else runs on c in between. A failure
+// marks c dirty and returns a *CleanupError with Step "reset". It must not
+// run inside a transaction (a rollback would undo it).
+//
+// RESET ALL restores each setting to its value at connection start: the
+// server's, database's and role's defaults and the connection string's
+// RuntimeParams survive; a SET run in pgxpool's AfterConnect does not (put
+// such settings in ConnConfig.RuntimeParams instead). What the reset does
+// not undo is listed in the package documentation.
+func (c *Conn) Reset(ctx context.Context) error {
+	if n, err := execAll(ctx, c.conn.PgConn(), c.resetSQL()); err != nil || n != ResetStatements {
+		if err == nil {
+			err = errResetIncomplete
+		}
+		cerr := &CleanupError{Step: "reset", Err: err}
+		c.MarkDirty(cerr)
+		return cerr
+	}
+	c.clean = true
+	return nil
+}
+
+// QueueReset adds the statements of [Conn.Reset] to b, for a caller whose
+// own last statements (an unlock, say) go out in the same round trip. c
+// counts as clean once b's results have been read without error; nothing
+// else may run on c between b and Release.
+func (c *Conn) QueueReset(b *pgx.Batch) {
+	for i, sql := range resetStatements {
+		if i == 2 && c.probe() == probeReady {
+			sql = sqlExecProbe
+		}
+		q := b.Queue(sql)
+		if i == ResetStatements-1 {
+			q.Exec(func(pgconn.CommandTag) error {
+				c.clean = true
+				return nil
+			})
+		}
+	}
+}
+
+// MarkClean records that nothing run on c since it was acquired (or last
+// reset) can have left a session-level lock or changed the session's
+// state, for example a try-lock that was refused: Release then returns c
+// to the pool without the reset. The caller vouches for every statement
+// that ran; it must not be used once the connection was lent ([Conn.Lend])
+// to code it does not control.
+func (c *Conn) MarkClean() { c.clean = true }
+
+// resetBounded runs the reset under the cleanup bound: a deadline on the
+// socket rather than a watched context, which costs pgx nothing. The
+// Query message is written with pgconn's frontend and its answers read
+// message by message (readAnswers), which allocates nothing per statement.
+// A reset that fails or is cut short by the deadline marks c dirty.
+func (c *Conn) resetBounded() {
+	n, err := c.ExecBounded(c.resetSQL(), nil)
+	if err == nil && n != ResetStatements {
+		err = errResetIncomplete
+	}
+	if err != nil {
+		c.MarkDirty(&CleanupError{Step: "reset", Err: err})
+		return
+	}
+	c.clean = true
+}
+
+// ExecBounded runs sql, one simple-protocol string of the caller's own
+// statements (ending, say, with the reset: [Conn.AppendReset]), bounded by
+// the cleanup timeout (a deadline on the socket; no context is watched),
+// and reads the answers message by message, with no allocation per
+// statement. row, when not nil, is called with the values of each data row
+// (valid during the call only). It returns how many statements completed
+// and the first error; it marks c neither clean nor dirty.
+func (c *Conn) ExecBounded(sql string, row func(values [][]byte)) (n int, err error) {
+	pg := c.conn.PgConn()
+	nc := pg.Conn()
+	_ = nc.SetDeadline(time.Now().Add(c.timeout))
+	defer func() { _ = nc.SetDeadline(time.Time{}) }()
+	c.query.String = sql
+	fe := pg.Frontend()
+	fe.Send(&c.query)
+	if err := fe.Flush(); err != nil {
+		return 0, err
+	}
+	return readAnswers(pg, row)
+}
+
+// readAnswers reads the answers to one simple-protocol Query message on pg,
+// up to its ReadyForQuery: the number of statements that completed and the
+// first error. row, when not nil, is called with the values of each data
+// row (valid during the call only). Notices and notifications go to pgconn's
+// handlers as usual.
+func readAnswers(pg *pgconn.PgConn, row func(values [][]byte)) (n int, err error) {
+	return readAnswersCtx(context.Background(), pg, row, nil)
+}
+
+// readAnswersCtx is readAnswers under ctx (pgconn's context watcher: an
+// ended ctx fails the read and, with pgx's default handler, closes the
+// connection), calling done, when not nil, with each completed statement's
+// index and command tag (valid during the call only).
+func readAnswersCtx(ctx context.Context, pg *pgconn.PgConn, row func(values [][]byte), done func(i int, tag []byte)) (n int, err error) {
+	for {
+		msg, rerr := pg.ReceiveMessage(ctx)
+		if rerr != nil {
+			// ReceiveMessage marks every failure safe to retry; after a
+			// write that may have reached the server, none is. Keep the
+			// cause (a network error, ctx's error, a FATAL *PgError).
+			if u := errors.Unwrap(rerr); u != nil {
+				rerr = u
+			}
+			if err == nil {
+				err = rerr
+			}
+			return n, err
+		}
+		switch m := msg.(type) {
+		case *pgproto3.DataRow:
+			if row != nil {
+				row(m.Values)
+			}
+		case *pgproto3.CommandComplete:
+			if done != nil {
+				done(n, m.CommandTag)
+			}
+			n++
+		case *pgproto3.ErrorResponse:
+			if err == nil {
+				err = pgconn.ErrorResponseToPgError(m)
+			}
+		case *pgproto3.ReadyForQuery:
+			return n, err
+		}
+	}
+}
+
+// errResetIncomplete: fewer answers than statements came back.
+var errResetIncomplete = errors.New("reset did not complete")
+
+// execAll runs sql (simple protocol, any number of statements) on pg and
+// returns how many statements answered and the first error.
+func execAll(ctx context.Context, pg *pgconn.PgConn, sql string) (n int, err error) {
+	mrr := pg.Exec(ctx, sql)
+	for mrr.NextResult() {
+		if _, rerr := mrr.ResultReader().Close(); rerr != nil && err == nil {
+			err = rerr
+		}
+		n++
+	}
+	if cerr := mrr.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	return n, err
+}
