@@ -179,10 +179,13 @@
 //     transaction callback runs with it.
 //   - statement_timeout ends a lock wait that outlasts it, whatever the
 //     call's bound, in every blocking form: [ErrLockTimeout], with the
-//     57014 "canceling statement due to statement timeout" kept in the
-//     chain. A 57014 from a cancel request (the library's, when the context
-//     is cancelled: the context's error; or another session's
-//     pg_cancel_backend) is not a timeout.
+//     57014 kept in the chain. A 57014 from the library's cancel request,
+//     sent when the context is cancelled, is the context's error, not a
+//     timeout. Another session's pg_cancel_backend is no timeout either
+//     where the server's messages are in English (lc_messages), the only
+//     language in which the client can tell it from statement_timeout;
+//     in any other it reads as [ErrLockTimeout] too (the wait ended on the
+//     server; nothing is held).
 //   - idle_session_timeout ends a held [Lock]'s idle session if it is
 //     shorter than Config.HeartbeatInterval (each heartbeat ping is
 //     activity): the lock is lost ([ErrLockLost], 57P05). Keep

@@ -24,9 +24,8 @@ var (
 	// ErrLockTimeout: a blocking call gave up waiting for a lock (in the
 	// Locker's local queue or on the server), because of the configured or
 	// per-call timeout (SQLSTATE 55P03), the context's deadline, or the
-	// server's statement_timeout ending the lock statement (SQLSTATE 57014
-	// with the message "canceling statement due to statement timeout"; a
-	// cancel request sent because the caller's context was cancelled is
+	// server's statement_timeout ending the lock statement (SQLSTATE 57014;
+	// a cancel request sent because the caller's context was cancelled is
 	// not a timeout: it reads as the context's error). Nothing is held, and
 	// a connection that waited on the server was kept.
 	ErrLockTimeout = errors.New("advisory: lock timeout")
@@ -130,13 +129,28 @@ const (
 
 // statementTimeoutMsg is what PostgreSQL says (lc_messages in English)
 // when statement_timeout, not a cancel request, ends a statement; both are
-// SQLSTATE 57014. A cancel request reads "canceling statement due to user
-// request".
-const statementTimeoutMsg = "canceling statement due to statement timeout"
+// SQLSTATE 57014. A cancel request reads cancelRequestMsg.
+const (
+	statementTimeoutMsg = "canceling statement due to statement timeout"
+	cancelRequestMsg    = "canceling statement due to user request"
+)
 
-// isStatementTimeout reports a 57014 raised by statement_timeout.
-func isStatementTimeout(pgErr *pgconn.PgError) bool {
-	return pgErr.Code == codeQueryCanceled && strings.Contains(pgErr.Message, statementTimeoutMsg)
+// isStatementTimeout reports a 57014 raised by statement_timeout, as far as
+// the client can tell: the English message says so; a message in another
+// language (lc_messages) is taken as statement_timeout too unless ctx was
+// cancelled (then it is our own cancel request), since only the English
+// message tells a cancel request from a timeout. So on a server that
+// speaks another language, another session's pg_cancel_backend of a lock
+// wait also reads as a lock timeout: the wait ended on the server and
+// nothing is held, which is what the caller acts on.
+func isStatementTimeout(ctx context.Context, pgErr *pgconn.PgError) bool {
+	if pgErr.Code != codeQueryCanceled {
+		return false
+	}
+	if strings.Contains(pgErr.Message, statementTimeoutMsg) {
+		return true
+	}
+	return !strings.Contains(pgErr.Message, cancelRequestMsg) && !errors.Is(ctx.Err(), context.Canceled)
 }
 
 // classify maps err from a lock statement to the package's sentinels,
@@ -161,7 +175,7 @@ func classify(ctx context.Context, err error) error {
 			// timeout to the caller. A cancel request (ours, sent because ctx
 			// was cancelled, or another session's pg_cancel_backend) gets no
 			// sentinel: ctx's error, appended below, says what happened.
-			if isStatementTimeout(pgErr) {
+			if isStatementTimeout(ctx, pgErr) {
 				sentinel = ErrLockTimeout
 			}
 		}

@@ -56,4 +56,17 @@ func TestClassifyQueryCanceled(t *testing.T) {
 	if OutcomeOf(err) != OutcomeCancelled {
 		t.Errorf("our cancel: outcome %v", OutcomeOf(err))
 	}
+
+	// lc_messages in another language (German here, as PostgreSQL 15's
+	// de.po has them): only the context tells the two apart.
+	stmtDE := &pgconn.PgError{Code: codeQueryCanceled, Message: "storniere Anfrage wegen Zeitüberschreitung der Anfrage"}
+	userDE := &pgconn.PgError{Code: codeQueryCanceled, Message: "storniere Anfrage wegen Benutzeranforderung"}
+	err = classify(context.Background(), stmtDE)
+	if !errors.Is(err, ErrLockTimeout) || !errors.Is(err, stmtDE) {
+		t.Errorf("statement timeout in German: %v", err)
+	}
+	err = classify(cancelled, userDE)
+	if errors.Is(err, ErrLockTimeout) || !errors.Is(err, context.Canceled) || !errors.Is(err, userDE) {
+		t.Errorf("our cancel in German: %v", err)
+	}
 }
