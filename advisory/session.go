@@ -18,11 +18,14 @@ import (
 //
 // fn may use conn, the connection that holds the lock; it must not close
 // it or keep it after returning. Any session-level advisory lock fn leaves
-// on conn is released with the lock, and any session setting fn changes is
-// reset (RESET ALL, in the unlock's round trip: see pooltx.Conn.Reset). A
+// on conn is released with the lock, and whatever fn changed in the
+// session (settings, role, session authorization, temporary tables, LISTEN,
+// cursors) is reset in the unlock's round trip (see pooltx.Conn.Reset). A
 // transaction fn begins must end before fn returns (a COMMIT or ROLLBACK of
 // its own is fine): one left open or aborted is rolled back before the
-// unlock, and the call returns an error matching ErrCallbackInTx.
+// unlock, and the call returns an error matching ErrCallbackInTx. One fn
+// prepares (PREPARE TRANSACTION) has ended as far as the session goes: it
+// and its locks outlive the call until COMMIT PREPARED or ROLLBACK PREPARED.
 //
 // ctx governs the wait for a connection, the wait for the lock and fn. The
 // whole wait is bounded by Options.Timeout, else Config.LockTimeout, and by

@@ -30,7 +30,10 @@ import (
 //
 // fn may commit or roll back the transaction itself: that is accepted, its
 // outcome stands, and the lock ends with it (whatever fn runs afterwards
-// runs unlocked and outside the transaction).
+// runs unlocked and outside the transaction). A transaction fn prepares
+// (PREPARE TRANSACTION) has ended too, as far as the session goes, and the
+// call returns fn's nil; but a prepared transaction keeps its locks, the
+// call's key included, until COMMIT PREPARED or ROLLBACK PREPARED.
 //
 // Options.TxOptions, when set, are passed to BEGIN (isolation level,
 // access mode, deferrable mode), still in BEGIN's round trip; values pgx
