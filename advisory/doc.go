@@ -54,7 +54,9 @@
 //	})
 //
 // Each call runs in a savepoint of its own: SAVEPOINT, the lock statement,
-// RELEASE SAVEPOINT, in one round trip when the keys are granted; a lock
+// RELEASE SAVEPOINT, in one round trip when the keys are granted (in the
+// statement-caching exec modes, once pgx has them prepared: see
+// [Locker.LockInTx]); a lock
 // taken in a released savepoint belongs to the enclosing transaction, and
 // lasts until it ends (or until the enclosing nested transaction is rolled
 // back). A bounded wait sets lock_timeout inside the lock statement and, in

@@ -31,7 +31,13 @@ var ErrTxAborted = errors.New("advisory: the transaction is aborted or its conne
 //
 // The call runs in a savepoint of its own, in one round trip when the key
 // is granted: SAVEPOINT, the lock, RELEASE SAVEPOINT (a lock taken in a
-// released savepoint belongs to the enclosing transaction). A bounded wait
+// released savepoint belongs to the enclosing transaction). That holds in
+// the Exec and SimpleProtocol exec modes, and in the statement-caching ones
+// once pgx has the statements prepared; pgx drops them from its caches
+// after any failed batch on the connection (a timeout, busy keys of a
+// multi-key try, a deadlock), so the next call there re-prepares them (one
+// or two round trips more, once), and DescribeExec describes every time
+// (two round trips). A bounded wait
 // sets lock_timeout inside the lock statement and sets it back, in the same
 // statement, to the value tx had, so whatever tx had (a SET LOCAL, or the
 // session's value) is what tx has afterwards; the bound replaces tx's
