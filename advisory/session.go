@@ -419,7 +419,7 @@ func cleanupBound(ctx context.Context, c *pooltx.Conn) (context.Context, func())
 
 // execUnlockReset runs the string of keySet.unlockResetSQL on c, bounded
 // by the cleanup timeout, and reports the unlock's answer. Any error, or
-// fewer results than the unlock and the pooltx.ResetStatements statements
+// fewer results than the unlock and the pooltx.Conn.ResetCount statements
 // of the reset, is returned.
 func execUnlockReset(c *pooltx.Conn, sql string) (held bool, err error) {
 	rows := 0
@@ -429,8 +429,8 @@ func execUnlockReset(c *pooltx.Conn, sql string) (held bool, err error) {
 		}
 		rows++
 	})
-	if err == nil && results != 1+pooltx.ResetStatements {
-		err = fmt.Errorf("advisory: unlock and reset answered %d results of %d", results, 1+pooltx.ResetStatements)
+	if want := 1 + c.ResetCount(); err == nil && results != want {
+		err = fmt.Errorf("advisory: unlock and reset answered %d results of %d", results, want)
 	}
 	return held, err
 }

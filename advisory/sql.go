@@ -189,7 +189,7 @@ func (s *keySet) one(k kind, shared bool, timeout string) (string, []any) {
 
 // unlockResetSQL returns the simple-protocol string that unlocks the single
 // key of s in the given mode and then resets the session of c
-// (pooltx.Conn.AppendReset): one round trip, 1+pooltx.ResetStatements
+// (pooltx.Conn.AppendReset): one round trip, 1+c.ResetCount()
 // results. The key is written as a numeric literal
 // (strconv, never input text), as pgx's own simple protocol would render it.
 func (s *keySet) unlockResetSQL(c *pooltx.Conn, shared bool) string {

@@ -121,6 +121,9 @@ func (c *Conn) Release() (destroyed bool) {
 	pc := c.pc
 	c.pc = nil
 	if c.dirty == nil && !c.conn.IsClosed() && !pg.IsBusy() && pg.TxStatus() == 'I' {
+		if c.lent {
+			dropNotifications(c.conn)
+		}
 		pc.Release()
 		return false
 	}
@@ -180,7 +183,28 @@ func WithConn(ctx context.Context, pool *pgxpool.Pool, opts *ConnOptions, fn fun
 	}
 	defer c.Release()
 	c.Lend(ctx)
-	return runGuarded(c, fn, ctx, c)
+	err = runGuarded(c, fn, ctx, c)
+	// Whatever fn did, the reset runs now: a Reset or MarkClean that fn
+	// called itself, with more work after it, must not vouch for the
+	// connection.
+	c.clean = false
+	return err
+}
+
+// dropNotifications empties conn's queue of notifications that pgx received
+// for LISTENs of the code it was lent to (the reset's UNLISTEN * ends the
+// registrations, not what had already arrived), so the next borrower's
+// WaitForNotification never returns another borrower's. An ended context
+// makes WaitForNotification return the queued ones and then, without
+// touching the connection, its error.
+func dropNotifications(conn *pgx.Conn) {
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	for {
+		if _, err := conn.WaitForNotification(done); err != nil {
+			return
+		}
+	}
 }
 
 // WithConnValue is [WithConn] for a callback that returns a value.

@@ -29,6 +29,9 @@
 //	RESET SESSION AUTHORIZATION; RESET ROLE; SELECT pg_catalog.pg_advisory_unlock_all();
 //	CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP
 //
+// (preceded by EXECUTE pgxlock_reset, the probe below, on a connection that
+// uses pgx's statement cache).
+//
 // It restores:
 //
 //   - Identity: RESET SESSION AUTHORIZATION goes back to the user that
@@ -46,13 +49,17 @@
 //     RuntimeParams (e.g. ?search_path=app in the DSN) survive. A SET run
 //     in pgxpool's AfterConnect does not survive the first release by this
 //     package: put such settings in RuntimeParams.
-//   - pgx's statement cache keeps working: on a connection that uses it
-//     (the default QueryExecModeCacheStatement), the first [Conn.Lend]
-//     prepares the reset's own unlock statement (once in the connection's
-//     life), and the reset executes it by name. After a DEALLOCATE ALL (or
-//     pgx's Conn.DeallocateAll) that statement is gone, the reset fails and
-//     the connection is destroyed, so the next borrower's cached statements
-//     never fail with 26000.
+//   - pgx's statement cache keeps working after a DEALLOCATE ALL (or pgx's
+//     Conn.DeallocateAll): on a connection that uses it (the default
+//     QueryExecModeCacheStatement), the first [Conn.Lend] prepares a probe
+//     statement (once in the connection's life), and the reset executes it
+//     first; after a DEALLOCATE ALL it is gone, the reset fails and the
+//     connection is destroyed, so the next borrower's cached statements do
+//     not fail with 26000. The probe runs before the rest of the reset, so
+//     a statement the work prepared under its name does no lasting harm.
+//   - pgx's queue of notifications received for the work's LISTENs is
+//     emptied when the connection goes back (the reset's UNLISTEN * ends
+//     the registrations, not what had already arrived).
 //
 // On the way out of [WithTx] the reset shares COMMIT's (or ROLLBACK's)
 // round trip, and in advisory's session helpers the unlock's, so a helper
@@ -80,6 +87,25 @@
 //     to tell them from pgx's. A later borrower preparing the same name
 //     gets 42P05.
 //   - Sequence state (currval, lastval) is not reset.
+//   - The probe catches DEALLOCATE ALL only. Work that deallocates one of
+//     pgx's cached statements (DEALLOCATE "stmtcache_..."), prepares a
+//     statement under one of pgx's names, or redefines the probe after a
+//     DEALLOCATE ALL leaves pgx's cache out of step with the server: the
+//     next borrower's statement fails with 26000, or runs the other
+//     statement. The server's own statements are not for the work to
+//     replace; the reset cannot tell them apart cheaply.
+//   - State of the *pgx.Conn on the client: types registered on its
+//     TypeMap, its PgConn's CustomData. Register types in pgxpool's
+//     AfterConnect, for every connection alike.
+//   - What is sent to the server bypassing pgx (PgConn().Frontend() with
+//     answers left unread) leaves the connection out of step with its
+//     answers.
+//
+// Connections that were never lent (advisory's handles, Hold) go back
+// without the reset, on the word of their caller that only its own
+// statements ran there: a pgx tracer (ConnConfig.Tracer) or pool hook that
+// runs statements on the connections it is given, a SET ROLE say, breaks
+// that word. Hooks and tracers should only observe.
 //
 // A connection is destroyed instead when:
 //

@@ -25,28 +25,30 @@ import (
 const ResetSQL = sqlResetIdentity + "; " + sqlUnlockAll + "; " + sqlResetRest
 
 // ResetStatements is the number of statements, so of results, in
-// [ResetSQL] and in what [Conn.AppendReset] appends.
+// [ResetSQL]. What [Conn.AppendReset] appends has [Conn.ResetCount].
 const ResetStatements = 7
 
 const (
 	sqlResetIdentity = "RESET SESSION AUTHORIZATION; RESET ROLE"
 	sqlUnlockAll     = "SELECT pg_catalog.pg_advisory_unlock_all()"
-	// The probe: pg_advisory_unlock_all() prepared once per connection
-	// (see Conn.Lend). Executing it needs no parse or plan, and fails with
-	// SQLSTATE 26000 once something has deallocated every prepared
-	// statement of the session, pgx's statement cache included: the reset
-	// then fails and the connection is destroyed.
+	// The probe: a statement prepared once per connection (see Conn.Lend).
+	// Executing it fails with SQLSTATE 26000 once something has
+	// deallocated every prepared statement of the session, pgx's statement
+	// cache included: the reset then fails and the connection is
+	// destroyed. It runs first, before the whole reset: the lent code may
+	// have prepared another statement under its name, and whatever that
+	// does (a lock, a role, a setting) the reset after it undoes.
 	probeName       = "pgxlock_reset"
-	sqlPrepareProbe = "PREPARE " + probeName + " AS " + sqlUnlockAll
+	sqlPrepareProbe = "PREPARE " + probeName + " AS SELECT 1"
 	sqlExecProbe    = "EXECUTE " + probeName
 	sqlResetRest    = "CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP"
 	resetSQL        = ResetSQL
-	probeResetSQL   = sqlResetIdentity + "; " + sqlExecProbe + "; " + sqlResetRest
+	probeResetSQL   = sqlExecProbe + "; " + ResetSQL
 )
 
 // resetStatements are the statements of the reset one by one, for a
-// caller's batch (QueueReset); index 2 is the unlock, replaced by the probe
-// on a connection that has one.
+// caller's batch (QueueReset), which puts the probe before them on a
+// connection that has one.
 var resetStatements = [ResetStatements]string{
 	"RESET SESSION AUTHORIZATION", "RESET ROLE", sqlUnlockAll,
 	"CLOSE ALL", "UNLISTEN *", "RESET ALL", "DISCARD TEMP",
@@ -112,7 +114,7 @@ func (c *Conn) Lend(ctx context.Context) *pgx.Conn {
 func (c *Conn) Lent() bool { return c.lent }
 
 // AppendReset appends to b the reset of c as one simple-protocol string of
-// [ResetStatements] statements (the probe's form on a connection that has
+// [Conn.ResetCount] statements (with the probe on a connection that has
 // one: see [Conn.Lend]), for a caller that sends it after statements of
 // its own in the same string and calls [Conn.MarkClean] once every
 // statement has succeeded.
@@ -121,6 +123,16 @@ func (c *Conn) AppendReset(b []byte) []byte {
 		return append(b, probeResetSQL...)
 	}
 	return append(b, resetSQL...)
+}
+
+// ResetCount is the number of statements, so of results, of the reset
+// [Conn.AppendReset] appends for c: [ResetStatements], plus one for the
+// probe on a connection that has one (see [Conn.Lend]).
+func (c *Conn) ResetCount() int {
+	if c.probe() == probeReady {
+		return ResetStatements + 1
+	}
+	return ResetStatements
 }
 
 func (c *Conn) resetSQL() string {
@@ -154,7 +166,7 @@ func (c *Conn) resetSQL() string {
 // such settings in ConnConfig.RuntimeParams instead). What the reset does
 // not undo is listed in the package documentation.
 func (c *Conn) Reset(ctx context.Context) error {
-	if n, err := execAll(ctx, c.conn.PgConn(), c.resetSQL()); err != nil || n != ResetStatements {
+	if n, err := execAll(ctx, c.conn.PgConn(), c.resetSQL()); err != nil || n != c.ResetCount() {
 		if err == nil {
 			err = errResetIncomplete
 		}
@@ -171,10 +183,10 @@ func (c *Conn) Reset(ctx context.Context) error {
 // counts as clean once b's results have been read without error; nothing
 // else may run on c between b and Release.
 func (c *Conn) QueueReset(b *pgx.Batch) {
+	if c.probe() == probeReady {
+		b.Queue(sqlExecProbe)
+	}
 	for i, sql := range resetStatements {
-		if i == 2 && c.probe() == probeReady {
-			sql = sqlExecProbe
-		}
 		q := b.Queue(sql)
 		if i == ResetStatements-1 {
 			q.Exec(func(pgconn.CommandTag) error {
@@ -200,7 +212,7 @@ func (c *Conn) MarkClean() { c.clean = true }
 // A reset that fails or is cut short by the deadline marks c dirty.
 func (c *Conn) resetBounded() {
 	n, err := c.ExecBounded(c.resetSQL(), nil)
-	if err == nil && n != ResetStatements {
+	if err == nil && n != c.ResetCount() {
 		err = errResetIncomplete
 	}
 	if err != nil {

@@ -151,7 +151,7 @@ func (c *Conn) commit(ctx context.Context) error {
 	results, commitErr, err := c.execCommit(ctx, failed)
 	if commitErr == nil || errors.Is(commitErr, pgx.ErrTxCommitRollback) {
 		// COMMIT answered. The reset ran after it unless err says otherwise.
-		if err != nil || results < 1+ResetStatements {
+		if err != nil || results < 1+c.ResetCount() {
 			c.MarkDirty(&CleanupError{Step: "reset", Err: errors.Join(err, errResetIncomplete)})
 		} else {
 			c.clean = true
