@@ -46,7 +46,13 @@ import (
 // keywords are read; a string whose first word starts no PostgreSQL
 // statement is refused too, since pgx runs the statement prepared
 // (pgx.Conn.Prepare) under a name equal to the string in its place, whose
-// text the check cannot read. In the simple protocol pgx joins the strings
+// text the check cannot read. That is the check's one blind spot: a
+// statement prepared on the connection under a name that reads as a
+// statement (say "SELECT 'checkpoint'" prepared as COMMIT) runs in place of
+// the string, unseen; pgx lists no prepared names, and asking the server
+// would cost a round trip. Do not give prepared statements such names. A
+// pgx.QueryRewriter among the arguments a rewriter returned is refused
+// (pgx would rewrite again). In the simple protocol pgx joins the strings
 // into one text: each is split into statements as PostgreSQL's lexer
 // splits it and each statement is checked; also refused there is a string
 // that leaves a literal, quoted identifier, dollar quote or /* comment open
@@ -114,7 +120,13 @@ import (
 //   - an error matching pooltx.ErrCommitUnknown: the pipeline was sent and
 //     no answer came (the connection failed, or it was closed because the
 //     server did not stop after a cancel request): the transaction may or
-//     may not have committed; the connection was destroyed.
+//     may not have committed; the connection was destroyed. It is also what
+//     a refusal by pgx that is not a pgx.ErrPreprocessingBatch reads as (an
+//     argument pgx cannot encode in the Exec or simple protocol modes;
+//     in the simple protocol a DSN with standard_conforming_strings off or
+//     a client_encoding other than UTF8, which pgx refuses, or a string pgx
+//     lexes otherwise than PostgreSQL): then nothing was sent, but the call
+//     cannot tell, and destroys the connection.
 func (l *Locker) WithXactLockBatch(ctx context.Context, ks []keys.Key, opts *Options, b *pgx.Batch) error {
 	return l.withXactBatch(ctx, ks, opts, false, b)
 }

@@ -780,3 +780,52 @@ func TestXactLockBatchAllowsEverySavepointForm(t *testing.T) {
 		})
 	}
 }
+
+// Found by review: an argument that is itself a QueryRewriter, inside the
+// arguments a NamedArgs rewrote, made pgx rewrite a second time, to what
+// the check never read (a COMMIT ran mid-batch on the integration branch).
+// It is refused now, in every mode.
+func TestXactLockBatchRefusesARewriterAmongTheRewrittenArguments(t *testing.T) {
+	for _, mode := range execModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			pool := modePool(t, mode)
+			table := batchTable(t, pool)
+			l := newLocker(t, pool, advisory.Config{})
+			b := &pgx.Batch{}
+			b.Queue("INSERT INTO "+table+" (id, v) VALUES (1, 'x')")
+			b.Queue("SELECT @x::text", pgx.NamedArgs{"x": rewriteTo("COMMIT")})
+			b.Queue("INSERT INTO "+table+" (id, v) VALUES (2, 'x')")
+			err := l.WithXactLockBatch(ctx, []keys.Key{keys.Int64(pgtest.UniqueInt64(t))}, nil, b)
+			require.ErrorIs(t, err, advisory.ErrInvalid)
+			assert.Zero(t, rowCount(ctx, t, pool, table))
+		})
+	}
+}
+
+// Found by review: a QueuedQuery sent once keeps pgx's description of its
+// statement, which pgx runs instead of its SQL; the check copied it along,
+// so a query that had described COMMIT and was then given other SQL ran
+// COMMIT mid-batch (rows kept while the call reported ErrNotCommitted).
+// The check's copies carry no description now.
+func TestXactLockBatchRunsTheSQLItChecked(t *testing.T) {
+	for _, mode := range execModes[:4] {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			pool := modePool(t, mode)
+			table := batchTable(t, pool)
+			l := newLocker(t, pool, advisory.Config{})
+			b0 := &pgx.Batch{}
+			q := b0.Queue("COMMIT")
+			_ = pool.SendBatch(ctx, b0).Close() // describes (and runs) COMMIT: a warning, no transaction
+			q.SQL = "SELECT 'reused'"
+			b := &pgx.Batch{}
+			b.Queue("INSERT INTO " + table + " (id, v) VALUES (1, 'x')")
+			b.QueuedQueries = append(b.QueuedQueries, q)
+			b.Queue("SELECT 1/0")
+			err := l.WithXactLockBatch(ctx, []keys.Key{keys.Int64(pgtest.UniqueInt64(t))}, nil, b)
+			require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+			assert.Zero(t, rowCount(ctx, t, pool, table), "nothing of a batch that failed is kept")
+		})
+	}
+}

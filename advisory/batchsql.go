@@ -85,7 +85,9 @@ func checkBatch(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) (checked []pg
 	simple := conn.Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol
 	checked = make([]pgx.QueuedQuery, len(b.QueuedQueries))
 	for i, q := range b.QueuedQueries {
-		checked[i] = *q
+		// A fresh copy: pgx keeps in a QueuedQuery the statement it described
+		// when the batch was last sent, and would run that instead of SQL.
+		checked[i] = pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments, Fn: q.Fn}
 		sql, args := q.SQL, q.Arguments
 		// As pgx's sendBatch: leading QueryRewriters are options; the
 		// last one rewrites.
@@ -104,6 +106,12 @@ func checkBatch(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) (checked []pg
 			}
 		}
 		checked[i].SQL, checked[i].Arguments = sql, args
+		if len(args) > 0 {
+			if _, ok := args[0].(pgx.QueryRewriter); ok {
+				// pgx would rewrite again, with what the check never read.
+				return nil, i, "a QueryRewriter among the rewritten arguments", true
+			}
+		}
 		if sql == "" {
 			// pgx's statement caches cannot hold it: they panic.
 			return nil, i, "an empty string", true
