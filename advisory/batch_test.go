@@ -793,9 +793,9 @@ func TestXactLockBatchRefusesARewriterAmongTheRewrittenArguments(t *testing.T) {
 			table := batchTable(t, pool)
 			l := newLocker(t, pool, advisory.Config{})
 			b := &pgx.Batch{}
-			b.Queue("INSERT INTO "+table+" (id, v) VALUES (1, 'x')")
+			b.Queue("INSERT INTO " + table + " (id, v) VALUES (1, 'x')")
 			b.Queue("SELECT @x::text", pgx.NamedArgs{"x": rewriteTo("COMMIT")})
-			b.Queue("INSERT INTO "+table+" (id, v) VALUES (2, 'x')")
+			b.Queue("INSERT INTO " + table + " (id, v) VALUES (2, 'x')")
 			err := l.WithXactLockBatch(ctx, []keys.Key{keys.Int64(pgtest.UniqueInt64(t))}, nil, b)
 			require.ErrorIs(t, err, advisory.ErrInvalid)
 			assert.Zero(t, rowCount(ctx, t, pool, table))
