@@ -67,7 +67,8 @@ type Config struct {
 	LockTimeout time.Duration
 
 	// OnLost, if set, is called once, from a goroutine of the Driver, when
-	// the lock is lost while held (its connection died).
+	// the lock is lost while held (its connection died). It may call
+	// Unlock or Close: they do not wait for it to return.
 	OnLost func(err error)
 
 	// Advisory configures the advisory.Locker that takes the lock
@@ -142,6 +143,11 @@ type Driver struct {
 	mu        sync.Mutex
 	held      *advisory.Lock
 	watchDone chan struct{}
+	m         *migrate.Migrate // set by Attach
+
+	// running is held (read side) by each Run, so that Close waits for a
+	// migration in flight before it lets the lock go.
+	running sync.RWMutex
 }
 
 var _ database.Driver = (*Driver)(nil)
@@ -198,17 +204,43 @@ func (d *Driver) Key() keys.Key { return d.key }
 func (d *Driver) LockTimeout() time.Duration { return d.timeout }
 
 // Attach prepares m, a Migrate built on d (migrate.NewWithInstance or
-// NewWithDatabaseInstance): it raises m.LockTimeout to d's LockTimeout plus
-// 5 s when it is lower, so that the server ends every wait before
-// Migrate's own timer would abandon it.
+// NewWithDatabaseInstance), and must be called before m first locks: it
+// raises m.LockTimeout to d's LockTimeout plus 5 s when it is lower, and
+// Lock bounds each wait by m.LockTimeout as it is then, less a margin (5 s,
+// or half of it when shorter), so that the server ends every wait before
+// Migrate's own timer would abandon it, even if m.LockTimeout was lowered
+// after Attach.
 func (d *Driver) Attach(m *migrate.Migrate) {
 	if min := d.timeout + timerGrace; m.LockTimeout < min {
 		m.LockTimeout = min
 	}
+	d.mu.Lock()
+	d.m = m
+	d.mu.Unlock()
 }
 
-// Lock takes the lock, waiting in PostgreSQL for at most LockTimeout and
-// for as long as Wrap's context lasts. It returns database.ErrLocked when
+// ErrNotAttached: Lock was called on a Driver no Migrate was attached to
+// ([Driver.Attach]). Without it Migrate's own timer may give up on a wait
+// that then takes the lock, which nobody would release.
+var ErrNotAttached = errors.New("pgxlockmigrate: no Migrate attached to the Driver (call Driver.Attach before Up)")
+
+// waitBound is the bound of Lock's wait: LockTimeout, cut to the attached
+// Migrate's LockTimeout less a margin.
+func (d *Driver) waitBound() time.Duration {
+	bound := d.timeout
+	if d.m != nil {
+		margin := min(timerGrace, d.m.LockTimeout/2)
+		if b := d.m.LockTimeout - margin; b < bound {
+			bound = b
+		}
+	}
+	return max(bound, time.Millisecond)
+}
+
+// Lock takes the lock, waiting in PostgreSQL for at most LockTimeout (cut
+// to the attached Migrate's LockTimeout less a margin: see Attach) and for
+// as long as Wrap's context lasts. Without an attached Migrate it refuses
+// with an error matching ErrNotAttached and advisory.ErrInvalid. It returns database.ErrLocked when
 // d already holds it, an error matching both migrate.ErrLockTimeout and
 // advisory.ErrLockTimeout when the wait timed out (the *pgconn.PgError,
 // 55P03, in its chain), the context's error when Wrap's context ended, or
@@ -219,7 +251,10 @@ func (d *Driver) Lock() error {
 	if d.held != nil {
 		return database.ErrLocked
 	}
-	h, err := d.locker.Lock(d.ctx, d.key, nil)
+	if d.m == nil {
+		return fmt.Errorf("%w: %w", advisory.ErrInvalid, ErrNotAttached)
+	}
+	h, err := d.locker.Lock(d.ctx, d.key, &advisory.Options{Timeout: d.waitBound()})
 	if err != nil {
 		if errors.Is(err, advisory.ErrLockTimeout) {
 			return errors.Join(migrate.ErrLockTimeout, err)
@@ -233,11 +268,13 @@ func (d *Driver) Lock() error {
 }
 
 // watch waits for h to end and calls OnLost on a loss. Unlock waits for it
-// to return.
+// up to the call of OnLost, not through it, so OnLost may call Unlock or
+// Close.
 func (d *Driver) watch(h *advisory.Lock, done chan struct{}) {
-	defer close(done)
 	<-h.Done()
-	if err := h.Err(); errors.Is(err, advisory.ErrLockLost) && d.onLost != nil {
+	err := h.Err()
+	close(done)
+	if errors.Is(err, advisory.ErrLockLost) && d.onLost != nil {
 		d.onLost(err)
 	}
 }
@@ -260,6 +297,8 @@ func (d *Driver) lost() error {
 // Run runs a migration on the inner driver, unless the lock has been lost:
 // then it returns an error matching advisory.ErrLockLost and runs nothing.
 func (d *Driver) Run(migration io.Reader) error {
+	d.running.RLock()
+	defer d.running.RUnlock()
 	if err := d.lost(); err != nil {
 		return fmt.Errorf("pgxlockmigrate: migration not run: %w", err)
 	}
@@ -297,9 +336,12 @@ func (d *Driver) Unlock() error {
 	return err
 }
 
-// Close releases the lock if d still holds it, then closes the inner
-// driver.
+// Close waits for a migration in flight (Migrate.Close during Up), releases
+// the lock if d still holds it, then closes the inner driver: the lock is
+// never let go while a migration it guards still runs.
 func (d *Driver) Close() error {
+	d.running.Lock()
+	defer d.running.Unlock()
 	var err error
 	d.mu.Lock()
 	held := d.held != nil

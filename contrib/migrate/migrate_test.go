@@ -269,3 +269,112 @@ func lockPID(t *testing.T, ctx context.Context, check, pool *pgxpool.Pool, k key
 	t.Fatalf("no backend of %s holds %s: %v", app, want, locks)
 	return 0
 }
+
+// Found by review: without Attach, Migrate's own timer (here 2 s) gave up
+// before the driver's wait (10 s), which then took the lock and kept it.
+// Lock now refuses without an attached Migrate.
+func TestLockWithoutAttachIsRefused(t *testing.T) {
+	ctx := testCtx(t)
+	f := newFixture(t, 1, 0)
+	r := f.replica(t, ctx, true, pgxlockmigrate.Config{})
+	d, err := pgxlockmigrate.Wrap(ctx, r.inner, r.pool, pgxlockmigrate.Config{SchemaName: f.schema})
+	require.NoError(t, err)
+	name, src := f.source(t)
+	m, err := migrate.NewWithInstance(name, src, "pgx5", d)
+	require.NoError(t, err)
+	err = m.Up()
+	assert.ErrorIs(t, err, pgxlockmigrate.ErrNotAttached)
+	assert.ErrorIs(t, err, advisory.ErrInvalid)
+	pgtest.AssertNoAdvisoryLocks(t, r.pool)
+	assert.Empty(t, f.counts(t))
+}
+
+// Found by review: Migrate's LockTimeout lowered after Attach (to 2 s,
+// under the driver's 10 s) let Migrate give up first while the driver's
+// wait went on. The wait is bounded by Migrate's timer less a margin now:
+// the server ends it first, and nothing is held or awaited after Up.
+func TestLoweredMigrateTimerBoundsTheWait(t *testing.T) {
+	ctx := testCtx(t)
+	f := newFixture(t, 1, 0)
+	r := f.replica(t, ctx, false, pgxlockmigrate.Config{})
+	r.m.LockTimeout = 2 * time.Second
+	holder := hold(t, ctx, f.check, r.d.Key())
+	err := r.m.Up()
+	require.ErrorIs(t, err, advisory.ErrLockTimeout, "the server's lock_timeout ended the wait, not Migrate's timer")
+	pgtest.AssertNoAdvisoryLocks(t, r.pool)
+	require.NoError(t, holder.Unlock(ctx))
+	again := tryHold(t, ctx, f.check, r.d.Key())
+	require.NoError(t, again.Unlock(ctx))
+}
+
+// Found by review: an OnLost that unlocks the Driver deadlocked Up.
+func TestOnLostMayUnlock(t *testing.T) {
+	ctx := testCtx(t)
+	gate := pgtest.UniqueInt64(t)
+	f := newFixture(t, 3, gate)
+	var d *pgxlockmigrate.Driver
+	unlocked := make(chan error, 1)
+	r := f.replica(t, ctx, false, pgxlockmigrate.Config{OnLost: func(error) { unlocked <- d.Unlock() }})
+	d = r.d
+	tx, err := f.check.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", gate)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.m.Up() }()
+	awaitLock(t, ctx, f.check, r.pool, false)
+	_, err = f.check.Exec(ctx, "SELECT pg_terminate_backend($1)", lockPID(t, ctx, f.check, r.pool, r.d.Key()))
+	require.NoError(t, err)
+	select {
+	case <-unlocked:
+	case <-ctx.Done():
+		t.Fatal("OnLost's Unlock did not return")
+	}
+	require.NoError(t, tx.Commit(ctx))
+	select {
+	case err := <-done:
+		assert.Error(t, err)
+	case <-ctx.Done():
+		t.Fatal("Up did not return")
+	}
+}
+
+// Found by review: Migrate.Close during Up let the lock go while the
+// migration still ran, so another replica could start migrating. Close
+// waits for the migration in flight now.
+func TestCloseDuringUpKeepsTheLockUntilTheMigrationEnds(t *testing.T) {
+	ctx := testCtx(t)
+	gate := pgtest.UniqueInt64(t)
+	f := newFixture(t, 2, gate)
+	r := f.replica(t, ctx, false, pgxlockmigrate.Config{})
+	tx, err := f.check.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", gate)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.m.Up() }()
+	awaitLock(t, ctx, f.check, r.pool, false) // migration 2 waits for the gate
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		_, _ = r.m.Close()
+	}()
+	// While migration 2 runs, nobody else gets the key, whatever Close does.
+	l, err := advisory.New(f.check, advisory.Config{})
+	require.NoError(t, err)
+	for range 20 {
+		_, err := l.TryLock(ctx, r.d.Key(), nil)
+		require.ErrorIs(t, err, advisory.ErrNotAcquired, "the key was let go while its migration ran")
+		select {
+		case <-closed:
+			t.Fatal("Close returned while the migration ran")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	require.NoError(t, tx.Commit(ctx))
+	<-closed
+	<-done
+	assert.Equal(t, map[int]int{1: 1, 2: 1}, f.counts(t))
+}
