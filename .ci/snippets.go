@@ -448,7 +448,29 @@ func preludeFor(ctx string, skip map[string]bool) (string, error) {
 	return importBlock(usedPackages(pf)) + body, nil
 }
 
+// looksLikeGo reports whether code reads as Go statements rather than a
+// table, SQL or output: it has a short variable declaration, or a line that
+// begins with a call into a package of the table (pgxlockmigrate.Wrap(...)).
+func looksLikeGo(code string) bool {
+	if strings.Contains(code, ":=") {
+		return true
+	}
+	for _, line := range strings.Split(code, "\n") {
+		line = strings.TrimSpace(line)
+		for name := range imports {
+			rest, ok := strings.CutPrefix(line, name+".")
+			if ok && rest != "" && rest[0] >= 'A' && rest[0] <= 'Z' && strings.Contains(rest, "(") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "--" {
+		os.Args = append(os.Args[:1], os.Args[2:]...) // .ci/snippets: files after --, so go run takes no .go file for its own
+	}
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, "usage: go run .ci/snippets.go FILE.md|FILE.go ...")
 		os.Exit(2)
@@ -498,6 +520,12 @@ func main() {
 		if k == notGo || (!s.md && len(usedPackages(f)) == 0) {
 			if s.md {
 				fmt.Printf("%s:%d: a go fence that does not parse as Go (file, declarations or statements)\n", s.file, s.line)
+				failed = true
+			} else if k == notGo && looksLikeGo(s.code) {
+				// A doc-comment block that calls into a package of the
+				// table (pgxlockmigrate.Wrap, advisory.New) is meant as Go:
+				// one that does not parse is a broken snippet, not prose.
+				fmt.Printf("%s:%d: a doc-comment code block that uses a Go package but does not parse as Go\n", s.file, s.line)
 				failed = true
 			}
 			skipped++
