@@ -209,12 +209,12 @@ func NewColumn(pool *pgxpool.Pool, cfg ColumnConfig) (*Column, error) {
 		return nil, opError(op, "", fmt.Errorf("%w: negative release timeout", ErrInvalid))
 	}
 	table := qualify(cfg.Schema, cfg.Table)
-	r := strings.NewReplacer(
+	r := commentFree{strings.NewReplacer(
 		"{t}", table, "{id}", quote(cfg.IDColumn), "{at}", quote(cfg.LockedAtColumn),
 		"{by}", quote(cfg.OwnerColumn), "{fence}", quote(cfg.FenceColumn),
 		"{next_fence}", nextTokenSQL("coalesce("+quote(cfg.FenceColumn)+", 0)"),
 		"{pad}", columnPadSQL,
-	)
+	)}
 	return &Column{
 		pool:           pool,
 		table:          table,

@@ -373,9 +373,12 @@
 // error; a *pgconn.PgError stays in the chain for errors.As. Bad input (empty
 // or oversized resource or id, a nil or typed-nil id, NUL bytes or invalid
 // UTF-8, a TTL below MinTTL, a renew interval that does not fit in the TTL,
-// invalid identifiers, a dotted table name, an unknown mode, metadata jsonb
+// invalid identifiers (empty, longer than 63 bytes, invalid UTF-8, or
+// containing a control character, 0x00-0x1F or 0x7F), a dotted table name, an unknown mode, metadata jsonb
 // cannot store) is reported as [ErrInvalid] before any SQL is sent. Identifiers are always quoted with
-// pgx.Identifier and values always travel as bind parameters.
+// pgx.Identifier and values always travel as bind parameters; the
+// statement templates' SQL comments are removed before any name is
+// substituted into them.
 //
 // If an acquiring statement fails in a way that leaves its outcome unknown
 // (the connection broke, or the context ended after the statement was sent),

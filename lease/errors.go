@@ -44,7 +44,8 @@ var (
 
 	// ErrInvalid means bad input, found before any SQL is sent: an empty or
 	// oversized resource, a TTL below MinTTL, a renew interval that does not
-	// fit inside the TTL, an invalid identifier (or a schema-qualified table
+	// fit inside the TTL, an invalid identifier (one with a control character,
+// 0x00-0x1F or 0x7F, among them; or a schema-qualified table
 	// name: use the Schema field), an unknown mode, metadata that is not JSON
 	// or that jsonb cannot store (invalid UTF-8, a \u0000 escape, an
 	// unpaired UTF-16 surrogate escape, a number outside numeric's range),
@@ -183,9 +184,16 @@ func checkIdentifier(what, name string) error {
 		return fmt.Errorf("%w: %s contains a NUL byte", ErrInvalid, what)
 	case !utf8.ValidString(name):
 		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalid, what)
+	case strings.ContainsFunc(name, isControl):
+		return fmt.Errorf("%w: %s contains a control character (0x00-0x1F or 0x7F)", ErrInvalid, what)
 	}
 	return nil
 }
+
+// isControl reports an ASCII control character: 0x00-0x1F or 0x7F. None
+// belongs in an identifier, and a CR or LF inside a quoted name is a line
+// break to anything that reads the SQL text line by line.
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
 
 // checkText validates a value stored in a text column: PostgreSQL rejects NUL
 // bytes and invalid UTF-8 in text, and an error from the server would be a

@@ -25,7 +25,8 @@ type managerSQL struct {
 	upToDateArgs                                    []any
 }
 
-func newManagerSQL(r *strings.Replacer) managerSQL {
+func newManagerSQL(r0 *strings.Replacer) managerSQL {
+	r := commentFree{r0}
 	return managerSQL{
 		lockResource: r.Replace(lockResourceSQL),
 		acquire:      r.Replace(acquireSQL),
@@ -39,6 +40,44 @@ func newManagerSQL(r *strings.Replacer) managerSQL {
 		upgrade:      r.Replace(upgradeSQL),
 		schema:       r.Replace(managerSchemaSQL),
 	}
+}
+
+// commentFree substitutes placeholders into a statement template only after
+// removing the template's -- comments, so that no substituted name can land
+// inside a comment (where a line break in it would end the comment and
+// turn the rest of the name into SQL).
+type commentFree struct{ r *strings.Replacer }
+
+func (c commentFree) Replace(sql string) string { return c.r.Replace(stripComments(sql)) }
+
+// stripComments removes every -- comment (up to, not including, the line
+// break) from a statement template of this package. It knows single- and
+// double-quoted text, the only quoting the templates use, and leaves
+// everything else as it is.
+func stripComments(sql string) string {
+	var b strings.Builder
+	b.Grow(len(sql))
+	for i := 0; i < len(sql); i++ {
+		switch c := sql[i]; {
+		case c == '\'' || c == '"':
+			j := strings.IndexByte(sql[i+1:], c)
+			if j < 0 {
+				b.WriteString(sql[i:])
+				return b.String()
+			}
+			b.WriteString(sql[i : i+j+2])
+			i += j + 1
+		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
+			j := strings.IndexAny(sql[i:], "\r\n")
+			if j < 0 {
+				return b.String()
+			}
+			i += j - 1
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 const (
