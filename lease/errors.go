@@ -45,7 +45,7 @@ var (
 	// ErrInvalid means bad input, found before any SQL is sent: an empty or
 	// oversized resource, a TTL below MinTTL, a renew interval that does not
 	// fit inside the TTL, an invalid identifier (one with a control character,
-// 0x00-0x1F or 0x7F, among them; or a schema-qualified table
+	// 0x00-0x1F or 0x7F, among them; or a schema-qualified table
 	// name: use the Schema field), an unknown mode, metadata that is not JSON
 	// or that jsonb cannot store (invalid UTF-8, a \u0000 escape, an
 	// unpaired UTF-16 surrogate escape, a number outside numeric's range),
