@@ -243,7 +243,9 @@ func (c *Column) TTL() time.Duration { return c.ttl }
 // ctx governs the one round trip. It returns ErrNotAcquired when another
 // holder's lease is live or the row is locked past TryLockTimeout,
 // ErrNotFound when no row has this id, ErrInvalid for a nil or typed-nil id
-// and for a string id with a NUL byte or invalid UTF-8. If the statement's
+// and for a string-like id (a string or named string type, a []byte, or a
+// pointer to one of them) with a NUL byte or invalid UTF-8 or longer than
+// MaxResourceLen (a []byte id is checked as text). If the statement's
 // outcome is unknown (the connection failed or ctx ended after it was sent),
 // TryAcquire clears the row if the lease turns out to be ours, under a fresh
 // context bounded by ReleaseTimeout, and returns the original error: it

@@ -372,7 +372,8 @@
 // [ErrNotFound], [ErrNotReleased], [ErrInvalid], a context error, or a driver
 // error; a *pgconn.PgError stays in the chain for errors.As. Bad input (empty
 // or oversized resource or id, a nil or typed-nil id, NUL bytes or invalid
-// UTF-8, a TTL below MinTTL, a renew interval that does not fit in the TTL,
+// UTF-8, in an id also when it is a named string type, a []byte or a pointer
+// to either, a TTL below MinTTL, a renew interval that does not fit in the TTL,
 // invalid identifiers (empty, longer than 63 bytes, invalid UTF-8, or
 // containing a control character, 0x00-0x1F or 0x7F), a dotted table name, an unknown mode, metadata jsonb
 // cannot store) is reported as [ErrInvalid] before any SQL is sent. Identifiers are always quoted with
