@@ -255,6 +255,7 @@ func (c *Column) TryAcquire(ctx context.Context, id any) (*ColumnLease, error) {
 	if err := checkID(id); err != nil {
 		return nil, opError(op, resourceOf(id), err)
 	}
+	ctx = withCleanupClock(ctx) // exec's ROLLBACK and giveBack share one bound
 	l := &ColumnLease{c: c, id: id, owner: newID()}
 	l.started = time.Now()
 	var token *int64
@@ -349,7 +350,7 @@ func (l *ColumnLease) scoped(ctx context.Context, op, sql string, args ...any) e
 // giveBack releases an acquisition whose outcome is unknown. Because the
 // owner token is fresh, the release matches only if this very statement won.
 func (l *ColumnLease) giveBack(ctx context.Context) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.releaseTimeout)
+	rctx, cancel := cleanupContext(ctx, l.c.releaseTimeout)
 	defer cancel()
 	// Best effort: the TTL is the safety net if this fails too.
 	_ = exec(rctx, l.c.pool, l.c.releaseTimeout, waitCtx, func(b *pgx.Batch) {
