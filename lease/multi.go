@@ -67,11 +67,28 @@ func (m *Manager) acquireAll(ctx context.Context, op string, resources []string,
 	for _, req := range reqs {
 		l, cleanup, err := acquire(ctx, req)
 		if err != nil {
-			return nil, errors.Join(err, m.releaseLeases(ctx, held, cleanup))
+			return nil, joinRelease(op, err, m.releaseLeases(ctx, held, cleanup))
 		}
 		held = append(held, l)
 	}
 	return held, nil
+}
+
+// joinRelease is the error of a failed (Try)AcquireAll: the failed
+// acquisition's *Error (its op and resource) with the give-back's failure,
+// if any, joined into its cause, so that the result is one *Error in which
+// errors.Is and errors.As find both.
+func joinRelease(op string, err, releaseErr error) error {
+	if releaseErr == nil {
+		if _, ok := err.(*Error); ok {
+			return err
+		}
+		return opError(op, "", err)
+	}
+	if e, ok := err.(*Error); ok {
+		return &Error{Op: e.Op, Resource: e.Resource, Err: errors.Join(e.Err, releaseErr), asIs: e.asIs}
+	}
+	return opError(op, "", errors.Join(err, releaseErr))
 }
 
 // releaseLeases releases ls, and runs cleanup (the clean-up of the failed

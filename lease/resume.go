@@ -71,24 +71,33 @@ type ColumnRef struct {
 	Token int64  `json:"token"` // the fencing token
 }
 
-// UnmarshalJSON decodes a ColumnRef, reading a numeric id as an int64 (an
-// id that is not an integer in int64's range is an error wrapping
-// ErrInvalid) and a string id as a string.
+// UnmarshalJSON decodes a ColumnRef, reading a numeric id as an int64 and a
+// string id as a string. Its errors are *Error values (Op "decode column
+// ref") wrapping ErrInvalid: an id that is not an integer in int64's range
+// or a string, or a field of the wrong JSON type (the *json.UnmarshalTypeError
+// stays in the chain).
 func (r *ColumnRef) UnmarshalJSON(data []byte) error {
+	if err := r.unmarshalJSON(data); err != nil {
+		return opError("decode column ref", "", err)
+	}
+	return nil
+}
+
+func (r *ColumnRef) unmarshalJSON(data []byte) error {
 	var raw struct {
 		ID    json.RawMessage `json:"id"`
 		Owner string          `json:"owner"`
 		Token int64           `json:"token"`
 	}
 	if err := json.Unmarshal(data, &raw); err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	var id any
 	if len(raw.ID) > 0 {
 		dec := json.NewDecoder(bytes.NewReader(raw.ID))
 		dec.UseNumber()
 		if err := dec.Decode(&id); err != nil {
-			return err
+			return fmt.Errorf("%w: %w", ErrInvalid, err)
 		}
 	}
 	switch v := id.(type) {

@@ -76,6 +76,8 @@ func TestTryAcquireAllRollbackFrozenOvershoots(t *testing.T) {
 	require.True(t, tracer.fired.Load(), "b's attempt failed on the server")
 	assert.ErrorIs(t, err, lease.ErrNotAcquired)
 	assert.ErrorIs(t, err, lease.ErrNotReleased, "a could not be given back through the frozen network")
+	_, isError := err.(*lease.Error)
+	assert.True(t, isError, "the error is %T, not *lease.Error", err)
 	// Two bounds would be deadline + 6s; the slack is for a loaded machine.
 	assert.Less(t, took, deadline+releaseTimeout+releaseTimeout/2)
 	// What could not be given back is held until its TTL.
