@@ -29,9 +29,18 @@ type Ref struct {
 	TTL time.Duration `json:"ttl"`
 }
 
-// Ref returns the reference of this acquisition.
+// Ref returns the reference of this acquisition. After a successful
+// TryUpgrade its ID differs from the one before: the upgrade gives the row a
+// new lease id, so that only a Ref taken after the upgrade (Mode Exclusive)
+// matches the upgraded row.
 func (l *Lease) Ref() Ref {
-	return Ref{Resource: l.resource, ID: l.id, Token: l.token, Mode: l.Mode(), TTL: l.ttl}
+	l.mu.Lock()
+	upgraded := l.upgraded
+	l.mu.Unlock()
+	if upgraded {
+		return Ref{Resource: l.resource, ID: l.id + upgradedSuffix, Token: l.token, Mode: Exclusive, TTL: l.ttl}
+	}
+	return Ref{Resource: l.resource, ID: l.id, Token: l.token, Mode: l.mode, TTL: l.ttl}
 }
 
 // Resume rebuilds a Lease from a Ref, for Renew and Release. It sends
