@@ -392,8 +392,11 @@
 // refused and an edited one matches nothing, and ColumnRef decodes integer
 // ids as int64 (never float64) so it survives encoding/json. Every field of
 // either kind edited by hand matches nothing: Renew and Release of a Ref
-// match the resource, lease id, token and mode; of a ColumnRef the row id,
-// the owner and the token (the row's fence column). [Column.Resume] refuses
+// match the resource, lease id, token and mode; of a ColumnRef the owner and
+// the token (the row's fence column), and the row id as the id column's
+// type reads it: an id edited to another spelling of the same value ("05",
+// " 5" or "+5" for 5 on a bigint column; another case, or braces, for a uuid)
+// names the same row, and still needs that row's owner and token to match. [Column.Resume] refuses
 // with ErrInvalid, before any SQL, a token below 1 and an owner that is not
 // an owner token this package issues (a lowercase UUID), without quoting it.
 package lease

@@ -90,3 +90,33 @@ func TestUpgradedLeaseRefMatchesOnlyAfterUpgrade(t *testing.T) {
 	require.NoError(t, r.Release(ctx))
 	assert.ErrorIs(t, l.Renew(ctx), lease.ErrLeaseLost)
 }
+
+// TestColumnRefIDRespelledNamesSameRow pins the documented behaviour of an
+// edited ColumnRef id: the id is compared as the id column's type reads it,
+// so another spelling of the same value ("05" for 5 on a bigint column)
+// names the same row and, with that row's owner and token, matches; an id
+// naming another row matches nothing.
+func TestColumnRefIDRespelledNamesSameRow(t *testing.T) {
+	p1, _, schema := twoPools(t)
+	ctx := testCtx(t)
+	mustExec(t, p1, "CREATE TABLE "+schema+".u (id bigint PRIMARY KEY)")
+	mustExec(t, p1, "INSERT INTO "+schema+".u VALUES (5), (6)")
+	c, err := lease.NewColumn(p1, lease.ColumnConfig{Schema: schema, Table: "u", TTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, c.Migrate(ctx))
+	l, err := c.TryAcquire(ctx, int64(5))
+	require.NoError(t, err)
+	for _, id := range []any{"05", " 5", "+5"} {
+		ref := l.Ref()
+		ref.ID = id
+		r, err := c.Resume(ref)
+		require.NoError(t, err)
+		assert.NoError(t, r.Renew(ctx), "%q names row 5", id)
+	}
+	ref := l.Ref()
+	ref.ID = int64(6)
+	r, err := c.Resume(ref)
+	require.NoError(t, err)
+	assert.ErrorIs(t, r.Renew(ctx), lease.ErrLeaseLost)
+	require.NoError(t, l.Release(ctx))
+}

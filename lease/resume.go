@@ -130,8 +130,11 @@ func (l *ColumnLease) Ref() ColumnRef { return ColumnRef{ID: l.id, Owner: l.owne
 // Resume rebuilds a ColumnLease from a ColumnRef, for Renew and Release. It
 // sends nothing; see Manager.Resume. Renew and Release of the resumed lease
 // match the row's owner and fence columns against the Ref's Owner and
-// Token, so a Ref with any field edited matches nothing (ErrLeaseLost, or
-// ErrNotFound for an id no row has). It returns ErrInvalid, before any SQL,
+// Token, so a Ref with its owner or token edited matches nothing
+// (ErrLeaseLost). The id is compared as the id column's type reads it: an id
+// edited to another spelling of the same value ("05" for 5 on a bigint
+// column) names the same row; one naming another row matches nothing
+// (ErrLeaseLost, or ErrNotFound for an id no row has). It returns ErrInvalid, before any SQL,
 // for an id TryAcquire would refuse, a token below 1 (what a zero ColumnRef
 // holds; a fence column that starts at 0, as Migrate creates it, never
 // issues one), and an owner that is not an owner token this package issues (a
