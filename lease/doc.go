@@ -379,7 +379,10 @@
 // cannot store) is reported as [ErrInvalid] before any SQL is sent. Identifiers are always quoted with
 // pgx.Identifier and values always travel as bind parameters; the
 // statement templates' SQL comments are removed before any name is
-// substituted into them.
+// substituted into them. The checks assume a UTF8 database: on a database
+// with another encoding (LATIN1, say), metadata with a \u escape of a
+// character that encoding cannot represent is refused by the server, with
+// SQLSTATE 22P05 in the chain, not as ErrInvalid.
 //
 // If an acquiring statement fails in a way that leaves its outcome unknown
 // (the connection broke, or the context ended after the statement was sent),
