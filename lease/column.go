@@ -209,12 +209,12 @@ func NewColumn(pool *pgxpool.Pool, cfg ColumnConfig) (*Column, error) {
 		return nil, opError(op, "", fmt.Errorf("%w: negative release timeout", ErrInvalid))
 	}
 	table := qualify(cfg.Schema, cfg.Table)
-	r := strings.NewReplacer(
+	r := commentFree{strings.NewReplacer(
 		"{t}", table, "{id}", quote(cfg.IDColumn), "{at}", quote(cfg.LockedAtColumn),
 		"{by}", quote(cfg.OwnerColumn), "{fence}", quote(cfg.FenceColumn),
 		"{next_fence}", nextTokenSQL("coalesce("+quote(cfg.FenceColumn)+", 0)"),
 		"{pad}", columnPadSQL,
-	)
+	)}
 	return &Column{
 		pool:           pool,
 		table:          table,
@@ -243,7 +243,9 @@ func (c *Column) TTL() time.Duration { return c.ttl }
 // ctx governs the one round trip. It returns ErrNotAcquired when another
 // holder's lease is live or the row is locked past TryLockTimeout,
 // ErrNotFound when no row has this id, ErrInvalid for a nil or typed-nil id
-// and for a string id with a NUL byte or invalid UTF-8. If the statement's
+// and for a string-like id (a string or named string type, a []byte, or a
+// pointer to one of them) with a NUL byte or invalid UTF-8 or longer than
+// MaxResourceLen (a []byte id is checked as text). If the statement's
 // outcome is unknown (the connection failed or ctx ended after it was sent),
 // TryAcquire clears the row if the lease turns out to be ours, under a fresh
 // context bounded by ReleaseTimeout, and returns the original error: it
@@ -253,6 +255,7 @@ func (c *Column) TryAcquire(ctx context.Context, id any) (*ColumnLease, error) {
 	if err := checkID(id); err != nil {
 		return nil, opError(op, resourceOf(id), err)
 	}
+	ctx = withCleanupClock(ctx) // exec's ROLLBACK and giveBack share one bound
 	l := &ColumnLease{c: c, id: id, owner: newID()}
 	l.started = time.Now()
 	var token *int64
@@ -347,7 +350,7 @@ func (l *ColumnLease) scoped(ctx context.Context, op, sql string, args ...any) e
 // giveBack releases an acquisition whose outcome is unknown. Because the
 // owner token is fresh, the release matches only if this very statement won.
 func (l *ColumnLease) giveBack(ctx context.Context) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.releaseTimeout)
+	rctx, cancel := cleanupContext(ctx, l.c.releaseTimeout)
 	defer cancel()
 	// Best effort: the TTL is the safety net if this fails too.
 	_ = exec(rctx, l.c.pool, l.c.releaseTimeout, waitCtx, func(b *pgx.Batch) {

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/pgxlock/pgxlock/pooltx"
 )
 
 // DoOptions are per-call settings for Do and TryDo; a nil pointer means all
@@ -44,7 +42,8 @@ type DoOptions struct {
 //
 // ctx governs the acquisition and is the parent of fn's context. The renewal
 // goroutine is stopped and waited for before the release, which runs under
-// context.WithoutCancel(ctx) bounded by ReleaseTimeout, also when fn panics
+// context.WithoutCancel(ctx) bounded by ReleaseTimeout (the ROLLBACK of a
+// release statement that failed included), also when fn panics
 // (the panic then continues). A release that fails on the connection rather
 // than in the database (a pooled connection found dead after the work) is
 // retried on another connection within that bound. Do returns nil, or an
@@ -153,7 +152,7 @@ func run(ctx context.Context, op string, k keepAlive, s schedule, fn func(contex
 	finish := func() error {
 		stopKeeper() // also interrupts a renewal in flight
 		wg.Wait()
-		rctx, cancel := pooltx.CleanupContext(ctx, k.timeout)
+		rctx, cancel := cleanupContext(ctx, k.timeout)
 		defer cancel()
 		return releaseRetrying(rctx, k.release)
 	}

@@ -372,10 +372,17 @@
 // [ErrNotFound], [ErrNotReleased], [ErrInvalid], a context error, or a driver
 // error; a *pgconn.PgError stays in the chain for errors.As. Bad input (empty
 // or oversized resource or id, a nil or typed-nil id, NUL bytes or invalid
-// UTF-8, a TTL below MinTTL, a renew interval that does not fit in the TTL,
-// invalid identifiers, a dotted table name, an unknown mode, metadata jsonb
+// UTF-8, in an id also when it is a named string type, a []byte or a pointer
+// to either, a TTL below MinTTL, a renew interval that does not fit in the TTL,
+// invalid identifiers (empty, longer than 63 bytes, invalid UTF-8, or
+// containing a control character, 0x00-0x1F or 0x7F), a dotted table name, an unknown mode, metadata jsonb
 // cannot store) is reported as [ErrInvalid] before any SQL is sent. Identifiers are always quoted with
-// pgx.Identifier and values always travel as bind parameters.
+// pgx.Identifier and values always travel as bind parameters; the
+// statement templates' SQL comments are removed before any name is
+// substituted into them. The checks assume a UTF8 database: on a database
+// with another encoding (LATIN1, say), metadata with a \u escape of a
+// character that encoding cannot represent is refused by the server, with
+// SQLSTATE 22P05 in the chain, not as ErrInvalid.
 //
 // If an acquiring statement fails in a way that leaves its outcome unknown
 // (the connection broke, or the context ended after the statement was sent),
@@ -388,8 +395,11 @@
 // refused and an edited one matches nothing, and ColumnRef decodes integer
 // ids as int64 (never float64) so it survives encoding/json. Every field of
 // either kind edited by hand matches nothing: Renew and Release of a Ref
-// match the resource, lease id, token and mode; of a ColumnRef the row id,
-// the owner and the token (the row's fence column). [Column.Resume] refuses
+// match the resource, lease id, token and mode; of a ColumnRef the owner and
+// the token (the row's fence column), and the row id as the id column's
+// type reads it: an id edited to another spelling of the same value ("05",
+// " 5" or "+5" for 5 on a bigint column; another case, or braces, for a uuid)
+// names the same row, and still needs that row's owner and token to match. [Column.Resume] refuses
 // with ErrInvalid, before any SQL, a token below 1 and an owner that is not
 // an owner token this package issues (a lowercase UUID), without quoting it.
 package lease

@@ -44,11 +44,14 @@ var (
 
 	// ErrInvalid means bad input, found before any SQL is sent: an empty or
 	// oversized resource, a TTL below MinTTL, a renew interval that does not
-	// fit inside the TTL, an invalid identifier (or a schema-qualified table
+	// fit inside the TTL, an invalid identifier (one with a control character,
+	// 0x00-0x1F or 0x7F, among them; or a schema-qualified table
 	// name: use the Schema field), an unknown mode, metadata that is not JSON
 	// or that jsonb cannot store (invalid UTF-8, a \u0000 escape, an
 	// unpaired UTF-16 surrogate escape, a number outside numeric's range),
-	// a nil, typed-nil, NUL or invalid UTF-8 row id or Fence.Update key, a
+	// a nil or typed-nil row id or Fence.Update key, or a string-like one
+	// (string kind, []byte, or a pointer to either) with a NUL byte, invalid
+	// UTF-8 or more than MaxResourceLen bytes, a
 	// NUL byte or invalid UTF-8 in a List or ListIntents filter.
 	ErrInvalid = errors.New("lease: invalid argument")
 )
@@ -66,7 +69,10 @@ type Error struct {
 }
 
 // Error renders "lease: <op> \"<resource>\": <cause>" (without the resource for
-// table-wide operations).
+// table-wide operations). The cause's text is cut past about 4 KiB (the
+// error itself is untouched), so that an input the server quotes back (a
+// 1 MB id of a type the package cannot check, on a bigint id column) is not
+// copied whole into every log line.
 func (e *Error) Error() string {
 	// The sentinels already carry the "lease: " prefix; do not print it twice.
 	msg := "<nil>"
@@ -74,7 +80,7 @@ func (e *Error) Error() string {
 	case e.Err != nil && e.asIs:
 		msg = e.Err.Error()
 	case e.Err != nil:
-		msg = strings.ReplaceAll(e.Err.Error(), "lease: ", "")
+		msg = clipN(strings.ReplaceAll(e.Err.Error(), "lease: ", ""), maxErrorCauseLen)
 	}
 	if e.Resource == "" {
 		return "lease: " + e.Op + ": " + msg
@@ -98,35 +104,69 @@ func opError(op, resource string, err error) error {
 // copied into every error string and log line.
 const MaxErrorResourceLen = 256
 
-func clip(s string) string {
+// maxErrorCauseLen is about the longest cause text Error prints.
+const maxErrorCauseLen = 4096
+
+func clip(s string) string { return clipN(s, MaxErrorResourceLen) }
+
+func clipN(s string, max int) string {
 	// The slack keeps clip idempotent: a clipped string (at most
-	// MaxErrorResourceLen bytes plus the marker) is not clipped again.
-	if len(s) <= MaxErrorResourceLen+32 {
+	// max bytes plus the marker) is not clipped again.
+	if len(s) <= max+32 {
 		return s
 	}
-	n := MaxErrorResourceLen
+	n := max
 	for n > 0 && !utf8.RuneStart(s[n]) {
 		n--
 	}
 	return fmt.Sprintf("%s...(%d bytes)", s[:n], len(s))
 }
 
-// resourceOf formats a row id for errors: %v, cut short like every resource.
+// resourceOf formats a row id for errors: as text for the string-like ids
+// idText knows, else %v, cut short like every resource.
 func resourceOf(id any) string {
-	if s, ok := id.(string); ok {
+	if s, ok, _ := idText(id); ok {
 		return clip(s)
 	}
-	if b, ok := id.([]byte); ok && len(b) > MaxErrorResourceLen {
-		return clip(string(b))
-	}
 	return clip(fmt.Sprint(id))
+}
+
+// idText returns the text a string-like id reaches the database as: a string
+// (or a type whose kind is string), a []byte (or a slice of a byte kind),
+// through any number of pointers. ok is false for any other id; isNil reports
+// a nil pointer on the way.
+func idText(id any) (text string, ok, isNil bool) {
+	if id == nil {
+		return "", false, true
+	}
+	v := reflect.ValueOf(id)
+	for v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return "", false, true
+		}
+		v = v.Elem()
+	}
+	switch v.Kind() {
+	case reflect.String:
+		return v.String(), true, false
+	case reflect.Slice:
+		if v.IsNil() {
+			return "", false, true
+		}
+		if v.Type().Elem().Kind() == reflect.Uint8 {
+			return string(v.Bytes()), true, false
+		}
+	}
+	return "", false, false
 }
 
 // checkID validates a column lease's row id: PostgreSQL would reject a NUL
 // byte or invalid UTF-8 in a text id with a less helpful error (22021), a
 // string id longer than MaxResourceLen cannot be a sensible key (and would be
 // quoted whole in the server's error messages), and
-// a nil or typed-nil id (a nil *int64) can only ever match no row.
+// a nil or typed-nil id (a nil *int64) can only ever match no row. The
+// string checks apply to every string-like id (see idText): a named string
+// type, a pointer to a string, a []byte.
 func checkID(id any) error {
 	if id == nil {
 		return fmt.Errorf("%w: nil id", ErrInvalid)
@@ -137,7 +177,11 @@ func checkID(id any) error {
 			return fmt.Errorf("%w: nil id (%T)", ErrInvalid, id)
 		}
 	}
-	if s, ok := id.(string); ok {
+	s, ok, isNil := idText(id)
+	if isNil {
+		return fmt.Errorf("%w: nil id (%T)", ErrInvalid, id)
+	}
+	if ok {
 		switch {
 		case len(s) > MaxResourceLen:
 			return fmt.Errorf("%w: id is longer than %d bytes", ErrInvalid, MaxResourceLen)
@@ -183,9 +227,16 @@ func checkIdentifier(what, name string) error {
 		return fmt.Errorf("%w: %s contains a NUL byte", ErrInvalid, what)
 	case !utf8.ValidString(name):
 		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalid, what)
+	case strings.ContainsFunc(name, isControl):
+		return fmt.Errorf("%w: %s contains a control character (0x00-0x1F or 0x7F)", ErrInvalid, what)
 	}
 	return nil
 }
+
+// isControl reports an ASCII control character: 0x00-0x1F or 0x7F. None
+// belongs in an identifier, and a CR or LF inside a quoted name is a line
+// break to anything that reads the SQL text line by line.
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
 
 // checkText validates a value stored in a text column: PostgreSQL rejects NUL
 // bytes and invalid UTF-8 in text, and an error from the server would be a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -69,8 +70,10 @@ const (
 // transaction-local (set_config(..., true)), so nothing is left on the
 // connection when the transaction ends. ctx governs acquiring the connection
 // and the round trip. If a statement fails, the server skips the rest and
-// the transaction is left aborted: exec rolls it back under a fresh context
-// bounded by cleanup, or destroys the connection if that fails; a connection
+// the transaction is left aborted: exec rolls it back under the call's
+// clean-up bound (cleanupContext: cleanup from the first clean-up step of the
+// call, shared with the give-backs that follow), or destroys the connection
+// if that fails; a connection
 // in any doubt is destroyed by pooltx, never pooled.
 //
 // The error is the first statement's error or a result handler's. A
@@ -105,7 +108,7 @@ func exec(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration, w wait
 	}
 	// Aborted (or, after a handler error, still open): roll back here rather
 	// than make the pool destroy a healthy connection.
-	rctx, cancel := pooltx.CleanupContext(ctx, cleanup)
+	rctx, cancel := cleanupContext(ctx, cleanup)
 	defer cancel()
 	if _, rerr := c.Conn().Exec(rctx, "ROLLBACK"); rerr != nil || pg.TxStatus() != 'I' {
 		c.MarkDirty(rerr)
@@ -130,4 +133,58 @@ func (e errNothingSent) SafeToRetry() bool { return true }
 func isLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// cleanupClock is the one clean-up bound of a call: every clean-up step of
+// the call (the ROLLBACK of a failed statement, the give-backs and releases
+// that follow it, a retry of them on another connection) ends by the same
+// deadline, start + timeout, where start is the moment the first of them
+// began. Without it each step would take a fresh bound of its own, and a
+// frozen network would stretch the call by one timeout per step.
+type cleanupClock struct {
+	mu    sync.Mutex
+	start time.Time // zero: no clean-up has begun
+}
+
+type cleanupClockKey struct{}
+
+// withCleanupClock gives the call ctx belongs to a clean-up clock, unless
+// it has one already.
+func withCleanupClock(ctx context.Context) context.Context {
+	if _, ok := ctx.Value(cleanupClockKey{}).(*cleanupClock); ok {
+		return ctx
+	}
+	return context.WithValue(ctx, cleanupClockKey{}, &cleanupClock{})
+}
+
+// restartCleanupClock forgets a clean-up that ended without ending the call
+// (the ROLLBACK of an attempt that Acquire follows with another attempt), so
+// that the call's final clean-up gets its whole bound.
+func restartCleanupClock(ctx context.Context) {
+	if c, ok := ctx.Value(cleanupClockKey{}).(*cleanupClock); ok {
+		c.mu.Lock()
+		c.start = time.Time{}
+		c.mu.Unlock()
+	}
+}
+
+// cleanupContext is the context a clean-up step runs under: detached from
+// ctx's cancellation (pooltx.CleanupContext) and bounded by timeout counted
+// from the first clean-up step of the call, which it starts if none has. A
+// ctx without a clock (a caller's own, for Renew or Release) gets one here,
+// carried by the result, so the steps nested in this one (exec's ROLLBACK
+// inside a bounded release) share its bound.
+func cleanupContext(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	if timeout <= 0 {
+		timeout = pooltx.DefaultCleanupTimeout
+	}
+	ctx = withCleanupClock(ctx)
+	c := ctx.Value(cleanupClockKey{}).(*cleanupClock)
+	c.mu.Lock()
+	if c.start.IsZero() {
+		c.start = time.Now()
+	}
+	deadline := c.start.Add(timeout)
+	c.mu.Unlock()
+	return context.WithDeadline(context.WithoutCancel(ctx), deadline)
 }

@@ -16,3 +16,6 @@ func TokenFloorSQLForTest(tl string) string { return tokenFloorSQL(tl) }
 
 // TimelineSQLForTest is timelineSQL: the server's current timeline.
 const TimelineSQLForTest = timelineSQL
+
+// SchemaSQLForTest is the DDL Migrate runs for m.
+func (m *Manager) SchemaSQLForTest() string { return m.q.schema }

@@ -84,8 +84,10 @@ type Querier interface {
 // statement. It returns ErrLeaseLost (stale token: a later holder has
 // written), ErrNotFound (no such row) or ErrInvalid (no columns, bad names,
 // the token column among them, or a key refused as a column lease's row id
-// is: nil, typed nil, a string with a NUL byte or invalid UTF-8, or longer
-// than MaxResourceLen), found before any SQL is sent.
+// is: nil, typed nil, or a string-like key (a string or named string type, a
+// []byte, or a pointer to one of them) with a NUL byte or invalid UTF-8, or
+// longer than MaxResourceLen), found before any SQL is sent. A []byte key is
+// checked as text, so a bytea key column takes only UTF-8 keys without NUL.
 func (f *Fence) Update(ctx context.Context, db Querier, key any, token int64, set map[string]any) error {
 	const op = "fenced update"
 	resource := resourceOf(key)

@@ -101,10 +101,11 @@ func (l *Lease) ExpiresAt() time.Time {
 	return l.expiresAt
 }
 
-// matchMode is the mode Renew and Release require of the row: nil for either
-// mode while a TryUpgrade of this Shared lease is in flight or ended with an
-// unknown outcome (only this lease's own upgrade can turn its row
-// exclusive), else the mode the lease holds. It also returns how many
+// matchMode is what Renew and Release require of the row (ownRowSQL's $5):
+// "upgraded" once this Shared lease's TryUpgrade turned its row exclusive,
+// nil for either its shared row or its upgraded one while a TryUpgrade of
+// this Shared lease is in flight or ended with an unknown outcome, else the
+// mode the lease holds. It also returns how many
 // upgrades had started: a statement that finds no row after an upgrade
 // started since may have lost a race with it, and is retried once with the
 // mode matched anew (see retryMode).
@@ -112,8 +113,8 @@ func (l *Lease) matchMode() (any, uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
-	case l.upgraded:
-		return Exclusive.String(), l.upgrades
+	case l.upgraded && l.mode == Shared:
+		return matchUpgraded, l.upgrades
 	case l.mode == Shared && (l.upgrading > 0 || l.unsure):
 		return nil, l.upgrades
 	}
@@ -232,6 +233,12 @@ func (l *Lease) Release(ctx context.Context) error {
 // lost one had). Until then its Ref names Shared, and a lease resumed from
 // that Ref cannot renew or release a row the lost upgrade turned exclusive:
 // resolve first (Renew), then take the Ref.
+//
+// The upgrade gives the row a new lease id (the Ref taken after it carries
+// it, with Mode Exclusive), and only the upgraded row of this very lease
+// matches in either mode: a Ref edited to claim Shared (an exclusive
+// lease's, say) matches nothing, also after a TryUpgrade of it with an
+// unknown outcome, and a Ref taken before the upgrade no longer matches.
 //
 // To wait for the other readers, release and Acquire exclusively instead (see the package
 // documentation: an Acquire(Exclusive) while holding Shared waits for itself).

@@ -11,8 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pgxlock/pgxlock/pooltx"
 )
 
 // ManagerConfig describes a lock-manager table. The zero value of every field
@@ -282,9 +280,10 @@ func (m *Manager) TryAcquire(ctx context.Context, resource string, opts *Acquire
 	if err != nil {
 		return nil, err
 	}
+	ctx = withCleanupClock(ctx)
 	l, cleanup, err := m.tryAcquire(ctx, req)
 	if cleanup != nil {
-		cctx, cancel := pooltx.CleanupContext(ctx, m.releaseTimeout)
+		cctx, cancel := cleanupContext(ctx, m.releaseTimeout)
 		cleanup(cctx)
 		cancel()
 	}
@@ -309,6 +308,7 @@ func (m *Manager) tryAcquire(ctx context.Context, req *request) (*Lease, func(co
 // with whatever else it must clean up.
 func (m *Manager) attempt(ctx context.Context, req *request) (*Lease, time.Duration, error) {
 	started := time.Now()
+	restartCleanupClock(ctx) // an earlier attempt's ROLLBACK ended no call
 	var intent any
 	if req.intent != "" {
 		intent = req.intent
@@ -359,7 +359,7 @@ func (m *Manager) attempt(ctx context.Context, req *request) (*Lease, time.Durat
 // lifetime) is the safety net.
 //
 // gctx is a clean-up context the caller made and bounded (by ReleaseTimeout:
-// pooltx.CleanupContext), so that several give-backs can share one bound.
+// cleanupContext), so that several give-backs can share one bound.
 func (m *Manager) giveBack(gctx context.Context, req *request) {
 	var intent any
 	if req.intent != "" {

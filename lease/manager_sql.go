@@ -25,7 +25,32 @@ type managerSQL struct {
 	upToDateArgs                                    []any
 }
 
-func newManagerSQL(r *strings.Replacer) managerSQL {
+// upgradedSuffix is appended to a lease id by TryUpgrade: an exclusive row
+// whose lease id ends in it is a shared lease its own TryUpgrade turned
+// exclusive. Lease ids this package issues are UUIDs, so no acquisition's
+// id has it.
+const upgradedSuffix = "/upgraded"
+
+// matchUpgraded is the match (renew's and release's $5) of a shared lease
+// its own TryUpgrade turned exclusive.
+const matchUpgraded = "upgraded"
+
+// ownRowSQL is how Renew and Release find the caller's row among the
+// resource's holders (with resource = $1 AND token = $2), from $3, the
+// lease id, and $5, what the caller believes it holds: 'exclusive' or
+// 'shared' (a row of that mode with lease id $3), 'upgraded' (an exclusive
+// row with lease id $3 || upgradedSuffix: a shared lease its own TryUpgrade
+// turned exclusive) or NULL (either of the two rows a shared lease's
+// TryUpgrade in flight, or of unknown outcome, may have left). An exclusive
+// row that no upgrade of lease $3 wrote is never matched by a caller that
+// believes it holds Shared, however its upgrade went.
+const ownRowSQL = `(CASE WHEN $5::text IS NULL THEN (lease_id = $3 AND mode = 'shared')
+		OR (lease_id = $3 || '` + upgradedSuffix + `' AND mode = 'exclusive')
+	WHEN $5::text = '` + matchUpgraded + `' THEN lease_id = $3 || '` + upgradedSuffix + `' AND mode = 'exclusive'
+	ELSE lease_id = $3 AND mode = $5::text END)`
+
+func newManagerSQL(r0 *strings.Replacer) managerSQL {
+	r := commentFree{r0}
 	return managerSQL{
 		lockResource: r.Replace(lockResourceSQL),
 		acquire:      r.Replace(acquireSQL),
@@ -39,6 +64,44 @@ func newManagerSQL(r *strings.Replacer) managerSQL {
 		upgrade:      r.Replace(upgradeSQL),
 		schema:       r.Replace(managerSchemaSQL),
 	}
+}
+
+// commentFree substitutes placeholders into a statement template only after
+// removing the template's -- comments, so that no substituted name can land
+// inside a comment (where a line break in it would end the comment and
+// turn the rest of the name into SQL).
+type commentFree struct{ r *strings.Replacer }
+
+func (c commentFree) Replace(sql string) string { return c.r.Replace(stripComments(sql)) }
+
+// stripComments removes every -- comment (up to, not including, the line
+// break) from a statement template of this package. It knows single- and
+// double-quoted text, the only quoting the templates use, and leaves
+// everything else as it is.
+func stripComments(sql string) string {
+	var b strings.Builder
+	b.Grow(len(sql))
+	for i := 0; i < len(sql); i++ {
+		switch c := sql[i]; {
+		case c == '\'' || c == '"':
+			j := strings.IndexByte(sql[i+1:], c)
+			if j < 0 {
+				b.WriteString(sql[i:])
+				return b.String()
+			}
+			b.WriteString(sql[i : i+j+2])
+			i += j + 1
+		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
+			j := strings.IndexAny(sql[i:], "\r\n")
+			if j < 0 {
+				return b.String()
+			}
+			i += j - 1
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 const (
@@ -124,21 +187,19 @@ FROM (VALUES (1)) AS one (x) LEFT JOIN inserted i ON true`
 
 	// Extends a live lease only. An expired one cannot be revived: someone
 	// may already have judged it expired and acted (see acquire).
-	// $5 is the mode the caller believes it holds: a Ref edited to claim
-	// another mode matches nothing. NULL matches either mode: a shared lease
-	// whose own TryUpgrade is in flight or of unknown outcome (see
-	// Lease.matchMode). It returns the mode found.
+	// $5 is what the caller believes it holds (see ownRowSQL): a Ref edited
+	// to claim another mode matches nothing. It returns the mode found.
 	renewSQL = `
 UPDATE {holders} SET expires_at = now() + $4::interval
-WHERE resource = $1 AND token = $2 AND lease_id = $3 AND ($5::text IS NULL OR mode = $5::text) AND expires_at > now()
+WHERE resource = $1 AND token = $2 AND ` + ownRowSQL + ` AND expires_at > now()
 RETURNING expires_at, mode`
 
 	// Deletes the lease if it is still this acquisition's, expired or not,
 	// and wakes waiters. Returns the number of rows deleted (0 or 1). $5 is
-	// the mode, as for renew (NULL: either).
+	// what the caller believes it holds, as for renew (ownRowSQL).
 	releaseSQL = `
 WITH released AS (
-	DELETE FROM {holders} WHERE resource = $1 AND token = $2 AND lease_id = $3 AND ($5::text IS NULL OR mode = $5::text)
+	DELETE FROM {holders} WHERE resource = $1 AND token = $2 AND ` + ownRowSQL + `
 	RETURNING resource
 )
 SELECT count(*) FROM released, LATERAL pg_notify($4, md5(released.resource))`
@@ -205,8 +266,10 @@ ORDER BY resource`
 
 	// Upgrade, after lockResource: $1 resource, $2 token, $3 lease_id, $4
 	// ttl, $5 whether an earlier upgrade of this lease had an unknown outcome
-	// (then a row already exclusive is this lease's own, upgraded: success
-	// again; otherwise a Ref edited to claim Shared matches nothing). Expired other holders are deleted as acquire does (FOR UPDATE
+	// (then a row already upgraded by this lease, exclusive with lease id
+	// $3 || upgradedSuffix, is its own: success again). The upgrade writes
+	// that lease id, so that an exclusive row it did not upgrade (an
+	// exclusive lease's Ref edited to claim Shared) never counts as mine. Expired other holders are deleted as acquire does (FOR UPDATE
 	// re-checks them against concurrent renewals); every other row left
 	// blocks. The final row always exists: expires_at is NULL when refused,
 	// mine says whether this lease is still a live shared holder.
@@ -215,22 +278,23 @@ WITH expired AS (
 	DELETE FROM {holders}
 	WHERE ctid = ANY (ARRAY(
 		SELECT ctid FROM {holders}
-		WHERE resource = $1 AND lease_id <> $3 AND expires_at <= now()
+		WHERE resource = $1 AND token <> $2 AND expires_at <= now()
 		ORDER BY token
 		FOR UPDATE))
 	RETURNING token
 ),
 mine AS (
 	SELECT 1 FROM {holders}
-	WHERE resource = $1 AND token = $2 AND lease_id = $3 AND expires_at > now()
-	  AND (mode = 'shared' OR $5::bool)
+	WHERE resource = $1 AND token = $2 AND expires_at > now()
+	  AND ((lease_id = $3 AND mode = 'shared')
+		OR ($5::bool AND lease_id = $3 || '` + upgradedSuffix + `' AND mode = 'exclusive'))
 ),
 upgraded AS (
-	UPDATE {holders} SET mode = 'exclusive', expires_at = now() + $4::interval
-	WHERE resource = $1 AND token = $2 AND lease_id = $3 AND EXISTS (SELECT 1 FROM mine)
+	UPDATE {holders} SET mode = 'exclusive', lease_id = $3 || '` + upgradedSuffix + `', expires_at = now() + $4::interval
+	WHERE resource = $1 AND token = $2 AND EXISTS (SELECT 1 FROM mine)
 	  AND NOT EXISTS (
 		SELECT 1 FROM {holders} o
-		WHERE o.resource = $1 AND o.lease_id <> $3 AND o.token NOT IN (SELECT token FROM expired))
+		WHERE o.resource = $1 AND o.token <> $2 AND o.token NOT IN (SELECT token FROM expired))
 	RETURNING expires_at
 )
 SELECT (SELECT expires_at FROM upgraded), EXISTS (SELECT 1 FROM mine)`

@@ -7,8 +7,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-
-	"github.com/pgxlock/pgxlock/pooltx"
 )
 
 // MaxResourcesPerCall caps the resources of one AcquireAll or TryAcquireAll.
@@ -22,8 +20,11 @@ const MaxResourcesPerCall = 100
 // for. On any failure it gives back everything the call took or may have
 // taken (the leases it acquired, and the clean-up of the acquisition that
 // failed: see Acquire), all at the same time, under one fresh context
-// bounded by ReleaseTimeout, and returns the error: the call returns within
-// ctx's deadline plus one ReleaseTimeout. The leases are returned in sorted
+// bounded by ReleaseTimeout, which the ROLLBACK of the failed attempt's
+// transaction shares, and returns the error: the call returns within ctx's
+// deadline plus one ReleaseTimeout. A lease it could not give back within
+// that bound (the server unreachable) stays held until its TTL, and the
+// error then also wraps ErrNotReleased, naming the resources. The leases are returned in sorted
 // order; release each of them (or use ReleaseAll on their owner label).
 //
 // ctx governs the whole call. It returns ErrInvalid for no resources, more
@@ -61,15 +62,33 @@ func (m *Manager) acquireAll(ctx context.Context, op string, resources []string,
 		}
 		reqs[i] = req
 	}
+	ctx = withCleanupClock(ctx)
 	held := make([]*Lease, 0, len(names))
 	for _, req := range reqs {
 		l, cleanup, err := acquire(ctx, req)
 		if err != nil {
-			return nil, errors.Join(err, m.releaseLeases(ctx, held, cleanup))
+			return nil, joinRelease(op, err, m.releaseLeases(ctx, held, cleanup))
 		}
 		held = append(held, l)
 	}
 	return held, nil
+}
+
+// joinRelease is the error of a failed (Try)AcquireAll: the failed
+// acquisition's *Error (its op and resource) with the give-back's failure,
+// if any, joined into its cause, so that the result is one *Error in which
+// errors.Is and errors.As find both.
+func joinRelease(op string, err, releaseErr error) error {
+	if releaseErr == nil {
+		if _, ok := err.(*Error); ok {
+			return err
+		}
+		return opError(op, "", err)
+	}
+	if e, ok := err.(*Error); ok {
+		return &Error{Op: e.Op, Resource: e.Resource, Err: errors.Join(e.Err, releaseErr), asIs: e.asIs}
+	}
+	return opError(op, "", errors.Join(err, releaseErr))
 }
 
 // releaseLeases releases ls, and runs cleanup (the clean-up of the failed
@@ -81,7 +100,7 @@ func (m *Manager) releaseLeases(ctx context.Context, ls []*Lease, cleanup func(c
 	if len(ls) == 0 && cleanup == nil {
 		return nil
 	}
-	rctx, cancel := pooltx.CleanupContext(ctx, m.releaseTimeout)
+	rctx, cancel := cleanupContext(ctx, m.releaseTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
 	if cleanup != nil {

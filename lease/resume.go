@@ -29,9 +29,18 @@ type Ref struct {
 	TTL time.Duration `json:"ttl"`
 }
 
-// Ref returns the reference of this acquisition.
+// Ref returns the reference of this acquisition. After a successful
+// TryUpgrade its ID differs from the one before: the upgrade gives the row a
+// new lease id, so that only a Ref taken after the upgrade (Mode Exclusive)
+// matches the upgraded row.
 func (l *Lease) Ref() Ref {
-	return Ref{Resource: l.resource, ID: l.id, Token: l.token, Mode: l.Mode(), TTL: l.ttl}
+	l.mu.Lock()
+	upgraded := l.upgraded
+	l.mu.Unlock()
+	if upgraded {
+		return Ref{Resource: l.resource, ID: l.id + upgradedSuffix, Token: l.token, Mode: Exclusive, TTL: l.ttl}
+	}
+	return Ref{Resource: l.resource, ID: l.id, Token: l.token, Mode: l.mode, TTL: l.ttl}
 }
 
 // Resume rebuilds a Lease from a Ref, for Renew and Release. It sends
@@ -71,24 +80,33 @@ type ColumnRef struct {
 	Token int64  `json:"token"` // the fencing token
 }
 
-// UnmarshalJSON decodes a ColumnRef, reading a numeric id as an int64 (an
-// id that is not an integer in int64's range is an error wrapping
-// ErrInvalid) and a string id as a string.
+// UnmarshalJSON decodes a ColumnRef, reading a numeric id as an int64 and a
+// string id as a string. Its errors are *Error values (Op "decode column
+// ref") wrapping ErrInvalid: an id that is not an integer in int64's range
+// or a string, or a field of the wrong JSON type (the *json.UnmarshalTypeError
+// stays in the chain).
 func (r *ColumnRef) UnmarshalJSON(data []byte) error {
+	if err := r.unmarshalJSON(data); err != nil {
+		return opError("decode column ref", "", err)
+	}
+	return nil
+}
+
+func (r *ColumnRef) unmarshalJSON(data []byte) error {
 	var raw struct {
 		ID    json.RawMessage `json:"id"`
 		Owner string          `json:"owner"`
 		Token int64           `json:"token"`
 	}
 	if err := json.Unmarshal(data, &raw); err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	var id any
 	if len(raw.ID) > 0 {
 		dec := json.NewDecoder(bytes.NewReader(raw.ID))
 		dec.UseNumber()
 		if err := dec.Decode(&id); err != nil {
-			return err
+			return fmt.Errorf("%w: %w", ErrInvalid, err)
 		}
 	}
 	switch v := id.(type) {
@@ -112,8 +130,11 @@ func (l *ColumnLease) Ref() ColumnRef { return ColumnRef{ID: l.id, Owner: l.owne
 // Resume rebuilds a ColumnLease from a ColumnRef, for Renew and Release. It
 // sends nothing; see Manager.Resume. Renew and Release of the resumed lease
 // match the row's owner and fence columns against the Ref's Owner and
-// Token, so a Ref with any field edited matches nothing (ErrLeaseLost, or
-// ErrNotFound for an id no row has). It returns ErrInvalid, before any SQL,
+// Token, so a Ref with its owner or token edited matches nothing
+// (ErrLeaseLost). The id is compared as the id column's type reads it: an id
+// edited to another spelling of the same value ("05" for 5 on a bigint
+// column) names the same row; one naming another row matches nothing
+// (ErrLeaseLost, or ErrNotFound for an id no row has). It returns ErrInvalid, before any SQL,
 // for an id TryAcquire would refuse, a token below 1 (what a zero ColumnRef
 // holds; a fence column that starts at 0, as Migrate creates it, never
 // issues one), and an owner that is not an owner token this package issues (a

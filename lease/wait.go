@@ -40,9 +40,10 @@ func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOpt
 	if err != nil {
 		return nil, err
 	}
+	ctx = withCleanupClock(ctx)
 	l, cleanup, err := m.acquire(ctx, req)
 	if cleanup != nil {
-		cctx, cancel := pooltx.CleanupContext(ctx, m.releaseTimeout)
+		cctx, cancel := cleanupContext(ctx, m.releaseTimeout)
 		cleanup(cctx)
 		cancel()
 	}
