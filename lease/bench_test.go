@@ -115,7 +115,7 @@ func BenchmarkManagerAcquireRelease(b *testing.B) {
 				b.Fatal(err, token)
 			}
 			var n int64
-			if err := pool.QueryRow(ctx, releaseSQL, "r", *token, id, m.Channel()).Scan(&n); err != nil || n != 1 {
+			if err := pool.QueryRow(ctx, releaseSQL, "r", *token, id, m.Channel(), "exclusive").Scan(&n); err != nil || n != 1 {
 				b.Fatal(err, n)
 			}
 		}
