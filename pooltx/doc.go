@@ -86,7 +86,10 @@
 //     the reset's implicit transaction), and the server offers no cheap way
 //     to tell them from pgx's. A later borrower preparing the same name
 //     gets 42P05.
-//   - Sequence state (currval, lastval) is not reset.
+//   - Sequence state (currval, lastval) is not reset, nor is the seed of
+//     random() (setseed: RESET ALL skips it), so work that seeds it hands
+//     the next borrower a predictable sequence; do not use random() for
+//     secrets (gen_random_uuid and pgcrypto do not use it).
 //   - The probe catches DEALLOCATE ALL only. Work that deallocates one of
 //     pgx's cached statements (DEALLOCATE "stmtcache_..."), prepares a
 //     statement under one of pgx's names, or redefines the probe after a

@@ -225,22 +225,24 @@ func (d *Driver) Attach(m *migrate.Migrate) {
 var ErrNotAttached = errors.New("pgxlockmigrate: no Migrate attached to the Driver (call Driver.Attach before Up)")
 
 // waitBound is the bound of Lock's wait: LockTimeout, cut to the attached
-// Migrate's LockTimeout less a margin.
-func (d *Driver) waitBound() time.Duration {
-	bound := d.timeout
+// Migrate's LockTimeout less a margin. ok is false when that leaves less
+// than the 1 ms PostgreSQL's lock_timeout can express.
+func (d *Driver) waitBound() (bound time.Duration, ok bool) {
+	bound = d.timeout
 	if d.m != nil {
 		margin := min(timerGrace, d.m.LockTimeout/2)
 		if b := d.m.LockTimeout - margin; b < bound {
 			bound = b
 		}
 	}
-	return max(bound, time.Millisecond)
+	return bound, bound >= time.Millisecond
 }
 
 // Lock takes the lock, waiting in PostgreSQL for at most LockTimeout (cut
 // to the attached Migrate's LockTimeout less a margin: see Attach) and for
 // as long as Wrap's context lasts. Without an attached Migrate it refuses
-// with an error matching ErrNotAttached and advisory.ErrInvalid. It returns database.ErrLocked when
+// with an error matching ErrNotAttached and advisory.ErrInvalid, and with
+// one whose LockTimeout is below 2 ms with advisory.ErrInvalid. It returns database.ErrLocked when
 // d already holds it, an error matching both migrate.ErrLockTimeout and
 // advisory.ErrLockTimeout when the wait timed out (the *pgconn.PgError,
 // 55P03, in its chain), the context's error when Wrap's context ended, or
@@ -254,7 +256,13 @@ func (d *Driver) Lock() error {
 	if d.m == nil {
 		return fmt.Errorf("%w: %w", advisory.ErrInvalid, ErrNotAttached)
 	}
-	h, err := d.locker.Lock(d.ctx, d.key, &advisory.Options{Timeout: d.waitBound()})
+	bound, ok := d.waitBound()
+	if !ok {
+		// Migrate's timer would give up before the shortest wait the
+		// server can bound.
+		return fmt.Errorf("%w: Migrate.LockTimeout %v is below 2ms", advisory.ErrInvalid, d.m.LockTimeout)
+	}
+	h, err := d.locker.Lock(d.ctx, d.key, &advisory.Options{Timeout: bound})
 	if err != nil {
 		if errors.Is(err, advisory.ErrLockTimeout) {
 			return errors.Join(migrate.ErrLockTimeout, err)
@@ -311,6 +319,8 @@ func (d *Driver) Run(migration io.Reader) error {
 // lock was held (dirty false), so a migration that ran whole under the
 // lock is not left marked dirty.
 func (d *Driver) SetVersion(version int, dirty bool) error {
+	d.running.RLock()
+	defer d.running.RUnlock()
 	if dirty {
 		if err := d.lost(); err != nil {
 			return fmt.Errorf("pgxlockmigrate: migration %d not begun: %w", version, err)
@@ -336,7 +346,8 @@ func (d *Driver) Unlock() error {
 	return err
 }
 
-// Close waits for a migration in flight (Migrate.Close during Up), releases
+// Close waits for a migration in flight, or a version being recorded
+// (Migrate.Close during Up), releases
 // the lock if d still holds it, then closes the inner driver: the lock is
 // never let go while a migration it guards still runs.
 func (d *Driver) Close() error {

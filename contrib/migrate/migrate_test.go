@@ -378,3 +378,23 @@ func TestCloseDuringUpKeepsTheLockUntilTheMigrationEnds(t *testing.T) {
 	<-done
 	assert.Equal(t, map[int]int{1: 1, 2: 1}, f.counts(t))
 }
+
+// Found by review: a Migrate.LockTimeout below 2 ms (0, 300µs) left a
+// bound of less than the 1 ms floor of lock_timeout, so the wait outlived
+// Migrate's timer and the lock was taken after Up had returned. Lock
+// refuses such a timer now, with nothing held.
+func TestTooShortMigrateTimerIsRefused(t *testing.T) {
+	ctx := testCtx(t)
+	f := newFixture(t, 1, 0)
+	for _, lt := range []time.Duration{0, 300 * time.Microsecond, time.Millisecond} {
+		r := f.replica(t, ctx, false, pgxlockmigrate.Config{})
+		r.m.LockTimeout = lt
+		err := r.m.Up()
+		require.Error(t, err, "LockTimeout %v", lt)
+		require.NotErrorIs(t, err, migrate.ErrNoChange)
+		pgtest.AssertNoAdvisoryLocks(t, r.pool)
+		again := tryHold(t, ctx, f.check, r.d.Key())
+		require.NoError(t, again.Unlock(ctx))
+	}
+	assert.Empty(t, f.counts(t))
+}
