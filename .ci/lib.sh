@@ -66,6 +66,12 @@ CFG
   export GIT_ALLOW_PROTOCOL=file:https:ssh
   export GOPRIVATE=github.com/pgxlock/* GONOSUMDB=github.com/pgxlock/* GONOPROXY=github.com/pgxlock/*
   export GOWORK=off GOFLAGS=-mod=mod
+  # The go command indexes the module cache by module path and version,
+  # trusting that a version's files never change; each simulated release
+  # re-tags HEAD as the same version, so the index would list the files of
+  # an earlier one (a consumer build then missed pooltx/reset.go). Without
+  # the index the build cache still keys on the files' contents.
+  export GODEBUG="${GODEBUG:+$GODEBUG,}goindex=0"
   export GOPROXY="file://$cache/cache/download,$proxy"
   ci_modcache
   export GOMODCACHE="$CI_MODCACHE"
