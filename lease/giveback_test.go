@@ -107,10 +107,39 @@ type cutProxy struct {
 }
 
 func newCutProxy(t *testing.T, host string, port uint16) *cutProxy {
+	p := &cutProxy{host: "127.0.0.1"}
+	p.port = uint16(forwardProxy(t, host, port, func(client, server net.Conn) { // server -> client, unless cut
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := server.Read(buf)
+			if n > 0 && p.cutNextResponse.CompareAndSwap(true, false) {
+				client.Close()
+				server.Close()
+				return
+			}
+			if n > 0 {
+				if _, werr := client.Write(buf[:n]); werr != nil {
+					server.Close()
+					return
+				}
+			}
+			if err != nil {
+				client.Close()
+				return
+			}
+		}
+	}))
+	return p
+}
+
+// forwardProxy listens on a free loopback port and forwards every TCP
+// connection to host:port: what the client sends is copied to the server,
+// and back runs on a goroutine of its own per connection with what the
+// server sends. Everything is closed, and every goroutine awaited, at the
+// test's cleanup. It returns the port.
+func forwardProxy(t *testing.T, host string, port uint16, back func(client, server net.Conn)) int {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	addr := ln.Addr().(*net.TCPAddr)
-	p := &cutProxy{host: "127.0.0.1", port: uint16(addr.Port)}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var open []net.Conn
@@ -142,28 +171,8 @@ func newCutProxy(t *testing.T, host string, port uint16) *cutProxy {
 				_, _ = io.Copy(server, client)
 				server.Close()
 			})
-			wg.Go(func() { // server -> client, unless cut
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := server.Read(buf)
-					if n > 0 && p.cutNextResponse.CompareAndSwap(true, false) {
-						client.Close()
-						server.Close()
-						return
-					}
-					if n > 0 {
-						if _, werr := client.Write(buf[:n]); werr != nil {
-							server.Close()
-							return
-						}
-					}
-					if err != nil {
-						client.Close()
-						return
-					}
-				}
-			})
+			wg.Go(func() { back(client, server) })
 		}
 	})
-	return p
+	return ln.Addr().(*net.TCPAddr).Port
 }

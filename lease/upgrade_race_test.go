@@ -3,10 +3,8 @@ package lease_test
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -78,52 +76,20 @@ type replyDropProxy struct {
 }
 
 func newReplyDropProxy(t *testing.T, host string, port uint16) *replyDropProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &replyDropProxy{port: ln.Addr().(*net.TCPAddr).Port}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var open []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range open {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	target := net.JoinHostPort(host, strconv.Itoa(int(port)))
-	wg.Go(func() {
+	p := &replyDropProxy{}
+	p.port = forwardProxy(t, host, port, func(client, server net.Conn) {
+		defer client.Close()
+		buf := make([]byte, 32<<10)
 		for {
-			client, err := ln.Accept()
+			n, err := server.Read(buf)
+			if n > 0 && !p.drop.Load() {
+				if _, werr := client.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
 			if err != nil {
 				return
 			}
-			server, err := net.DialTimeout("tcp", target, 10*time.Second)
-			if err != nil {
-				client.Close()
-				continue
-			}
-			mu.Lock()
-			open = append(open, client, server)
-			mu.Unlock()
-			wg.Go(func() { _, _ = io.Copy(server, client); server.Close() })
-			wg.Go(func() {
-				defer client.Close()
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := server.Read(buf)
-					if n > 0 && !p.drop.Load() {
-						if _, werr := client.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			})
 		}
 	})
 	return p
