@@ -14,6 +14,7 @@ import (
 	pgxmigrate "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
@@ -123,3 +124,16 @@ func (f *fixture) replica(t testing.TB, ctx context.Context, stock bool, cfg pgx
 }
 
 func isNoChange(err error) bool { return err == nil || errors.Is(err, migrate.ErrNoChange) }
+
+// holdGate takes the fixture's gate in a transaction of the check pool, so
+// that migration 2 waits for it, until the returned transaction ends (it is
+// rolled back at cleanup).
+func (f *fixture) holdGate(t testing.TB, ctx context.Context) pgx.Tx {
+	t.Helper()
+	tx, err := f.check.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", f.gate)
+	require.NoError(t, err)
+	return tx
+}

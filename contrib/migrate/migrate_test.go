@@ -171,17 +171,13 @@ func TestLostLockStopsMigrate(t *testing.T) {
 	r := f.replica(t, ctx, false, pgxlockmigrate.Config{OnLost: func(err error) { lost <- err }})
 
 	// Migration 2 waits for the gate, a transaction lock held here.
-	tx, err := f.check.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", gate)
-	require.NoError(t, err)
+	tx := f.holdGate(t, ctx)
 
 	done := make(chan error, 1)
 	go func() { done <- r.m.Up() }()
 	awaitLock(t, ctx, f.check, r.pool, false) // migration 2 waits for the gate
 	holderPID := lockPID(t, ctx, f.check, r.pool, r.d.Key())
-	_, err = f.check.Exec(ctx, "SELECT pg_terminate_backend($1)", holderPID)
+	_, err := f.check.Exec(ctx, "SELECT pg_terminate_backend($1)", holderPID)
 	require.NoError(t, err)
 	select {
 	case err := <-lost:
@@ -316,15 +312,11 @@ func TestOnLostMayUnlock(t *testing.T) {
 	unlocked := make(chan error, 1)
 	r := f.replica(t, ctx, false, pgxlockmigrate.Config{OnLost: func(error) { unlocked <- d.Unlock() }})
 	d = r.d
-	tx, err := f.check.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", gate)
-	require.NoError(t, err)
+	tx := f.holdGate(t, ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.m.Up() }()
 	awaitLock(t, ctx, f.check, r.pool, false)
-	_, err = f.check.Exec(ctx, "SELECT pg_terminate_backend($1)", lockPID(t, ctx, f.check, r.pool, r.d.Key()))
+	_, err := f.check.Exec(ctx, "SELECT pg_terminate_backend($1)", lockPID(t, ctx, f.check, r.pool, r.d.Key()))
 	require.NoError(t, err)
 	select {
 	case <-unlocked:
@@ -348,11 +340,7 @@ func TestCloseDuringUpKeepsTheLockUntilTheMigrationEnds(t *testing.T) {
 	gate := pgtest.UniqueInt64(t)
 	f := newFixture(t, 2, gate)
 	r := f.replica(t, ctx, false, pgxlockmigrate.Config{})
-	tx, err := f.check.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", gate)
-	require.NoError(t, err)
+	tx := f.holdGate(t, ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.m.Up() }()
 	awaitLock(t, ctx, f.check, r.pool, false) // migration 2 waits for the gate

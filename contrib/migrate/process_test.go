@@ -136,11 +136,7 @@ func TestKilledHolderReleasesTheLock(t *testing.T) {
 	f := newFixture(t, 3, gate)
 	next := f.replica(t, ctx, false, pgxlockmigrate.Config{LockTimeout: 30 * time.Second})
 
-	tx, err := f.check.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", gate)
-	require.NoError(t, err)
+	f.holdGate(t, ctx) // held past the kill: the child never finishes migration 2
 
 	app := pgtest.Config(t).ConnConfig.RuntimeParams["application_name"] + "-holder"
 	cmd, out := startHelper(t, ctx, helperSpec{DSN: pgtest.DSN(t), App: app, Schema: f.schema, N: 3, Gate: gate})
@@ -152,7 +148,7 @@ func TestKilledHolderReleasesTheLock(t *testing.T) {
 	var exit *exec.ExitError
 	require.ErrorAs(t, werr, &exit, "child output:\n%s", out)
 
-	err = next.m.Up()
+	err := next.m.Up()
 	var dirty migrate.ErrDirty
 	require.ErrorAs(t, err, &dirty)
 	assert.Equal(t, 2, dirty.Version)
