@@ -44,11 +44,18 @@ func TestAllocationsNearRawPgx(t *testing.T) {
 			require.NoError(t, op(), name)
 		}
 		var err error
-		n := testing.AllocsPerRun(20, func() {
-			if e := op(); e != nil && err == nil {
-				err = e
-			}
-		})
+		// The least of three measurements: a handle's loss watcher starts
+		// 1 ms after the lock (watchDelay), and on a loaded machine a cycle
+		// over TLS can outlast that, adding the watcher's allocations to a
+		// measurement by chance (33 against 32 once in CI).
+		n := math.Inf(1)
+		for range 3 {
+			n = min(n, testing.AllocsPerRun(20, func() {
+				if e := op(); e != nil && err == nil {
+					err = e
+				}
+			}))
+		}
 		require.NoError(t, err, name)
 		t.Logf("%s: %.0f allocs/op", name, n)
 		return n
