@@ -156,6 +156,45 @@ func (r *tickRig) tick(t *testing.T, ctx context.Context, n int) int {
 	return runner
 }
 
+// settle polls cond (as poll does) between ticks while letting a local
+// repeat run by the tick's runner finish: gocron's fake-clock timer that
+// fires twice within one tick (see tick) can start the runner's second run
+// after tick returned, and that run holds the lock until it may proceed. A
+// run or an outcome by a scheduler that is not the last runner fails the
+// test.
+func (r *tickRig) settle(t *testing.T, ctx context.Context, runner int, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitBound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", waitBound, what)
+		}
+		select {
+		case i := <-r.ran:
+			require.Equal(t, runner, i, "scheduler %d ran the job between ticks; the last runner was %d", i, runner)
+			t.Logf("scheduler %d ran the job again after its tick (a local repeat)", i)
+			select {
+			case r.proceed <- struct{}{}:
+			case <-ctx.Done():
+				t.Fatal("the repeat run did not take its proceed")
+			}
+		wait:
+			for {
+				select {
+				case e := <-r.events:
+					require.Equal(t, i, e.sched, "an outcome of another scheduler between ticks")
+					if e.status == gocron.Success {
+						break wait
+					}
+				case <-ctx.Done():
+					t.Fatal("the repeat run did not end")
+				}
+			}
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
 // holders counts sessions holding or awaiting k.
 func holders(t *testing.T, ctx context.Context, pool *pgxpool.Pool, k keys.Key) int {
 	c, o, s := k.PgLocks()
@@ -195,7 +234,8 @@ func TestLockerEachTickRunsOnce(t *testing.T) {
 	require.Equal(t, keys.Hash(name), jobKey)
 	runners := map[int]int{}
 	for n := range 15 {
-		runners[r.tick(t, ctx, n)]++
+		runner := r.tick(t, ctx, n)
+		runners[runner]++
 		for range 2 {
 			select {
 			case err := <-r.lockErr:
@@ -206,7 +246,7 @@ func TestLockerEachTickRunsOnce(t *testing.T) {
 		}
 		// The runner unlocks after reporting success; the next tick starts
 		// with the key free.
-		poll(t, "the job's lock to be released", func() bool { return holders(t, ctx, check, jobKey) == 0 })
+		r.settle(t, ctx, runner, "the job's lock to be released", func() bool { return holders(t, ctx, check, jobKey) == 0 })
 	}
 	t.Logf("runs per scheduler: %v", runners)
 }
