@@ -87,6 +87,12 @@ type Config struct {
 	// shared multi-key calls not at all).
 	MaxConns int
 
+	// DisableMultiplexing gives every held lock (Lock, TryLock, LockAll,
+	// TryLockAll, Hold and its forms) a pooled connection of its own, as
+	// before multiplexing. By default held locks share holder connections.
+	// WithLock and WithLockAll always keep a dedicated connection.
+	DisableMultiplexing bool
+
 	// Tracer, when set, receives acquisition events; if it also implements
 	// ReleaseTracer or LostTracer it receives those events too. See
 	// MultiTracer for several.
