@@ -177,6 +177,17 @@ func (g *gates) localWaiters(k keys.Key) int {
 	return e.refs - len(e.q)
 }
 
+// refs returns how many calls of the Locker are in k's queue: waiting in
+// process, on their way to the server, or waiting there.
+func (g *gates) refs(k keys.Key) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if e := g.m[k]; e != nil {
+		return e.refs
+	}
+	return 0
+}
+
 // ref returns the gate of k with one more reference; g.mu is held.
 func (g *gates) ref(k keys.Key) *gate {
 	e := g.m[k]

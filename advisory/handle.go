@@ -9,46 +9,58 @@ import (
 	"github.com/pgxlock/pgxlock/keys"
 )
 
-// Lock is a session-level advisory lock held on one pinned connection
-// beyond a single function call: a leader loop, a long migration, a
-// command run under a lock. It is returned by [Locker.Lock] and friends.
+// Lock is a session-level advisory lock held beyond a single function
+// call: a leader loop, a long migration, a command run under a lock. It is
+// returned by [Locker.Lock] and friends.
 //
-// While the lock is held, nobody uses its connection but a watcher, which
-// notices at once when the connection dies (the backend was terminated,
-// the server restarted or closed the socket) and, with a bounded ping every
+// Where it lives (its home) is one of two kinds, each with its rule in its
+// own doc comment: a holder connection it shares with other held locks of
+// the same Locker (holderConn, the default), or a pooled connection of its
+// own (dedicated, with Config.DisableMultiplexing). Either way nobody runs
+// anything on that connection but this package, and a watcher notices at
+// once when the connection dies (the backend was terminated, the server
+// restarted or closed the socket) and, with a bounded ping every
 // Config.HeartbeatInterval, a frozen server or a silent network partition.
-// The watcher starts watchDelay (1 ms) after the lock is taken, and a lock
-// released sooner never starts one; a connection that died in that first
-// millisecond is seen as soon as the watcher starts.
+// The watcher starts watchDelay (1 ms) after the connection begins to hold
+// locks, and a lock released sooner never starts one; a connection that
+// died in that first millisecond is seen as soon as the watcher starts.
 // PostgreSQL releases a dead session's locks immediately, so another
-// process may already hold the key: the watcher marks the lock lost, closes
-// Done, logs, and destroys the connection.
+// process may already hold the key: the watcher marks every lock on the
+// connection lost, closes their Done, logs, and destroys the connection.
 //
 // A Lock must be ended with Unlock, also after it was lost. Its methods are
 // safe for concurrent use.
 type Lock struct {
-	l *Locker
-	a *acquired
+	l    *Locker
+	a    *acquired
+	home home // where the lock lives: &ded, or a holderConn
 
 	done chan struct{} // closed on loss or Unlock
 
 	mu        sync.Mutex
 	err       error // nil while held; the loss, or errUnlocked
-	waiting   bool  // the watcher is parked in a read with a deadline we may cut short
-	stopping  bool
 	unlockErr error
 	unlocked  bool
 	unlockEnd chan struct{} // closed once unlockErr is set
 
-	watchCtx   context.Context // the acquisition's values, never cancelled
-	watchStart *time.Timer     // starts the watcher (see watchDelay)
-	watchDone  chan struct{}   // closed when the watcher has returned or will never run
+	ded dedicated // the home of a dedicated lock (kept here: no allocation)
 }
 
-// watchDelay is how long a Lock goes unwatched after it is taken: a lock
-// released within it never starts a watcher goroutine (nor its read and
-// the interruption of that read at Unlock), which would cost more than
-// the lock itself.
+// home is where a held lock lives: the connection that holds its keys and
+// what watches that connection. Its two kinds are dedicated (a connection
+// of the lock's own) and holderConn (a connection shared with other held
+// locks of the Locker).
+type home interface {
+	// release unlocks h's keys, lets the connection go if nothing else
+	// holds it, reports the end of the lock to the tracer once (TraceLost
+	// or TraceRelease), and returns what Unlock returns. It is called once.
+	release(ctx context.Context, h *Lock) error
+}
+
+// watchDelay is how long a held lock's connection goes unwatched after it
+// begins to hold: a lock released within it never starts a watcher
+// goroutine (nor its read and the interruption of that read at Unlock),
+// which would cost more than the lock itself.
 const watchDelay = time.Millisecond
 
 // ErrUnlocked is what Lock.Err returns after a successful Unlock.
@@ -58,18 +70,26 @@ var ErrUnlocked = errors.New("advisory: lock released")
 // was supposed to be held, so PostgreSQL released it and another session
 // may hold it now. The holder must stop acting as the lock's owner. It is
 // the cause (context.Cause) of a Hold callback's context and the error of
-// Lock.Err and Lock.Unlock, wrapping what the watcher saw.
+// Lock.Err and Lock.Unlock, wrapping what the watcher saw. A shared holder
+// connection that dies loses every lock on it: each one's Err matches
+// ErrLockLost and each loss is traced once.
 var ErrLockLost = errors.New("advisory: lock lost")
 
 // Lock takes key at session level, waiting as WithLock does, and returns a
 // handle that holds it until Unlock. ctx governs only the acquisition.
-// Errors are those of WithLock.
+// Errors are those of WithLock. Unless Config.DisableMultiplexing is set,
+// the key is tried first on a holder connection the Locker shares between
+// held locks; only when it is busy does the call wait on a connection of
+// its own, which, once granted, becomes a holder connection too.
 func (l *Locker) Lock(ctx context.Context, key keys.Key, opts *Options) (*Lock, error) {
 	a, ks := oneKey(key)
 	return l.lock(ctx, a, ks, opts, false)
 }
 
-// TryLock is Lock without waiting; a busy key gives ErrNotAcquired.
+// TryLock is Lock without waiting; a busy key gives ErrNotAcquired. Unless
+// Config.DisableMultiplexing is set, it runs on a holder connection that
+// already holds other locks of the Locker when one can take the key (see
+// the package doc), and on a new one otherwise.
 func (l *Locker) TryLock(ctx context.Context, key keys.Key, opts *Options) (*Lock, error) {
 	a, ks := oneKey(key)
 	return l.lock(ctx, a, ks, opts, true)
@@ -86,17 +106,22 @@ func (l *Locker) TryLockAll(ctx context.Context, ks []keys.Key, opts *Options) (
 }
 
 func (l *Locker) lock(ctx context.Context, a *acquired, ks []keys.Key, opts *Options, try bool) (*Lock, error) {
-	if err := l.acquireSession(ctx, a, ks, opts, try); err != nil {
+	h := &Lock{l: l, a: a}
+	if l.cfg.DisableMultiplexing {
+		if err := l.acquireSession(ctx, a, ks, opts, try); err != nil {
+			return nil, err
+		}
+		h.done = make(chan struct{})
+		h.unlockEnd = make(chan struct{})
+		h.ded.start(ctx, h)
+		h.home = &h.ded
+		return h, nil
+	}
+	h.done = make(chan struct{})
+	h.unlockEnd = make(chan struct{})
+	if err := l.acquireHeld(ctx, h, ks, opts, try); err != nil {
 		return nil, err
 	}
-	h := &Lock{
-		l: l, a: a,
-		done:      make(chan struct{}),
-		watchDone: make(chan struct{}),
-		unlockEnd: make(chan struct{}),
-		watchCtx:  context.WithoutCancel(ctx),
-	}
-	h.watchStart = time.AfterFunc(watchDelay, h.watch)
 	return h, nil
 }
 
@@ -116,15 +141,18 @@ func (h *Lock) Err() error {
 	return h.err
 }
 
-// Unlock releases the lock and its connection. It is idempotent: later
-// calls, concurrent ones included, return the first call's result once it
-// is known. ctx contributes only its values:
-// the unlock runs under a fresh context bounded by Config.CleanupTimeout.
-// It returns nil, or an error matching ErrLockLost if the lock had been
-// lost (the connection was found dead, by the watcher or by this unlock:
-// either way Err then returns the same error and the loss is traced once,
-// with TraceLost and no TraceRelease), or ErrNotHeld if PostgreSQL did
-// not have it any more.
+// Unlock releases the lock, and its connection when no other lock is held
+// on it. It is idempotent: later calls, concurrent ones included, return
+// the first call's result once it is known. ctx contributes only its
+// values: the unlock runs under a fresh bound, Config.CleanupTimeout (on a
+// shared holder connection, also at most Config.HeartbeatTimeout when
+// heartbeats are on). It returns nil, or an error matching ErrLockLost if
+// the lock had been lost (the connection was found dead, by the watcher or
+// by this unlock: either way Err then returns the same error and the loss
+// is traced once, with TraceLost and no TraceRelease), or ErrNotHeld if
+// PostgreSQL did not have it any more (on a shared holder connection that
+// puts the connection in doubt: it is destroyed and every other lock on it
+// is lost).
 func (h *Lock) Unlock(ctx context.Context) error {
 	h.mu.Lock()
 	if h.unlocked {
@@ -136,31 +164,8 @@ func (h *Lock) Unlock(ctx context.Context) error {
 		return h.unlockErr
 	}
 	h.unlocked = true
-	h.stopping = true
-	if h.waiting {
-		// Cut the watcher's read short; it resets the deadline itself.
-		_ = h.a.c.Conn().PgConn().Conn().SetReadDeadline(time.Now())
-	}
 	h.mu.Unlock()
-	if h.watchStart.Stop() {
-		close(h.watchDone) // the watcher never started and never will
-	}
-	<-h.watchDone
-
-	h.mu.Lock()
-	lost := h.err
-	h.mu.Unlock()
-	var err error
-	if lost != nil {
-		err = lost // the watcher has destroyed the connection already
-	} else {
-		// The unlock may be first to find the connection dead (the watcher
-		// had not started, or had not read yet): that is the loss, reported
-		// here once (TraceLost, Err) instead of by the watcher.
-		err = h.l.unlockSession(ctx, h.a.c, &h.a.s, h.a.shared)
-		h.a.span.ended(err)
-		h.l.unpin(h.a.c)
-	}
+	err := h.home.release(ctx, h)
 
 	h.mu.Lock()
 	h.unlockErr = err
@@ -176,75 +181,25 @@ func (h *Lock) Unlock(ctx context.Context) error {
 	return err
 }
 
-// lose records the loss once and closes Done.
-func (h *Lock) lose(ctx context.Context, cause error) {
-	err := &LockError{Op: h.a.op, Keys: h.a.s.all, Err: join(ErrLockLost, cause)}
-	h.a.c.MarkDirty(err)
-	h.l.unpin(h.a.c)
-	h.a.span.lost(err)
+// markLost records err (matching ErrLockLost) as the lock's loss, traces it
+// and closes Done, unless the lock has ended already. It reports whether it
+// did.
+func (h *Lock) markLost(err error) bool {
 	h.mu.Lock()
-	if h.err == nil {
-		h.err = err
-		close(h.done)
+	if h.err != nil {
+		h.mu.Unlock()
+		return false
 	}
 	h.mu.Unlock()
-}
-
-// watch runs while the lock is held. It parks in a read on the idle
-// connection (WaitForNotification), which returns at once when the server
-// ends the session or the socket closes, and costs no traffic. Every
-// HeartbeatInterval the read times out and a ping bounded by
-// HeartbeatTimeout checks that the server still answers. Unlock stops it by
-// cutting the read short; the watcher never reads while anything else uses
-// the connection, because nothing else does until it has returned.
-func (h *Lock) watch() {
-	defer close(h.watchDone)
-	ctx := h.watchCtx
-	pg := h.a.c.Conn().PgConn()
-	nc := pg.Conn()
-	interval, timeout := h.l.cfg.HeartbeatInterval, h.l.cfg.HeartbeatTimeout
-	for {
-		h.mu.Lock()
-		if h.stopping {
-			h.mu.Unlock()
-			return
-		}
-		h.waiting = true
-		var deadline time.Time
-		if interval > 0 {
-			deadline = time.Now().Add(interval)
-		}
-		_ = nc.SetReadDeadline(deadline)
-		h.mu.Unlock()
-
-		// context.Background: no pgx context watcher (which could send
-		// cancel requests); the read deadline above is the only timer.
-		err := pg.WaitForNotification(context.Background())
-
-		h.mu.Lock()
-		h.waiting = false
-		_ = nc.SetReadDeadline(time.Time{})
-		stopping := h.stopping
-		h.mu.Unlock()
-
-		switch {
-		case stopping && (err == nil || isTimeout(err)):
-			return
-		case err == nil:
-			continue // a notification for a channel the caller LISTENed to
-		case isTimeout(err) && !pg.IsClosed():
-			pctx, cancel := context.WithTimeout(ctx, timeout)
-			perr := pg.Ping(pctx)
-			cancel()
-			if perr != nil {
-				h.lose(ctx, perr)
-				return
-			}
-		default:
-			h.lose(ctx, err)
-			return
-		}
+	h.a.span.lost(err) // traced before Done closes: a waiter on Done sees it
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.err != nil {
+		return false
 	}
+	h.err = err
+	close(h.done)
+	return true
 }
 
 func isTimeout(err error) bool {

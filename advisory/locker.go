@@ -178,8 +178,9 @@ type Locker struct {
 	cfg  Config
 	log  *slog.Logger
 
-	gates gates   // per-key local wait queues
-	conns connCap // Config.MaxConns; nil: no cap
+	gates   gates   // per-key local wait queues
+	conns   connCap // Config.MaxConns; nil: no cap
+	holders holders // shared holder connections (see holderConn)
 
 	proxyMu    sync.Mutex   // serialises the one proxy check
 	proxyState atomic.Int32 // 0 unchecked, 1 direct, 2 proxied: read without proxyMu

@@ -204,9 +204,15 @@ func (l *Locker) acquireSession(ctx context.Context, a *acquired, ks []keys.Key,
 }
 
 func (l *Locker) acquireSessionTraced(ctx context.Context, a *acquired, op string, shared, try bool, opts *Options) error {
-	s := &a.s
 	wctx, stop := l.waitBound(ctx, opts, try)
 	defer stop()
+	return l.acquireSessionWithin(ctx, wctx, a, op, shared, try)
+}
+
+// acquireSessionWithin is acquireSessionTraced within the call's wait bound
+// wctx (see waitBound).
+func (l *Locker) acquireSessionWithin(ctx, wctx context.Context, a *acquired, op string, shared, try bool) error {
+	s := &a.s
 	c, t, err := l.pinInto(wctx, s, shared, try, &a.tk)
 	if err != nil {
 		return &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
