@@ -124,7 +124,9 @@ func TestMaxConnsCapsPinnedConnections(t *testing.T) {
 	cfg := pgtest.Config(t)
 	cfg.MaxConns = 8
 	pool := pgtest.NewPool(t, cfg)
-	l := newLocker(t, pool, advisory.Config{MaxConns: 2})
+	// Dedicated held locks, one connection each (multiplexed ones would share
+	// one: TestMaxConnsCountsHolderConnections).
+	l := newLocker(t, pool, advisory.Config{MaxConns: 2, DisableMultiplexing: true})
 	ks := []keys.Key{key(t), key(t), key(t)}
 
 	a, err := l.Lock(ctx, ks[0], nil)

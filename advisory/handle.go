@@ -44,6 +44,13 @@ type Lock struct {
 	unlockEnd chan struct{} // closed once unlockErr is set
 
 	ded dedicated // the home of a dedicated lock (kept here: no allocation)
+
+	// Under l.holders.mu, for a lock on a holder connection: the record
+	// (see holderConn) it is part of, its neighbours there, and whether it
+	// is still being asked for.
+	on         *holderConn
+	prev, next *Lock
+	pending    bool
 }
 
 // home is where a held lock lives: the connection that holds its keys and

@@ -463,7 +463,11 @@ func (l *Locker) conn(wctx context.Context) (*pooltx.Conn, error) {
 // errors match ErrNoConnection.
 func (l *Locker) repin(wctx context.Context, c *pooltx.Conn) (*pooltx.Conn, error) {
 	l.unpin(c)
-	var err error
+	return l.livePin(wctx)
+}
+
+// livePin is repin's search for a live connection.
+func (l *Locker) livePin(wctx context.Context) (c *pooltx.Conn, err error) {
 	for range l.pool.Stat().MaxConns() + 1 {
 		if c, err = l.conn(wctx); err != nil {
 			return nil, err

@@ -44,10 +44,13 @@ type holderConn struct {
 	l *Locker
 	c *pooltx.Conn
 
-	// Under l.holders.mu:
-	held  map[keys.Key]bool  // every key granted or being requested on c: its mode (true: shared)
-	locks map[*Lock]struct{} // the held locks whose keys c holds
-	gone  bool               // retired or lost: out of l.holders, takes nothing more
+	// Under l.holders.mu, the record: every lock whose keys c holds or is
+	// being asked for (pending), linked through Lock.prev and Lock.next,
+	// with an index of their keys once there are more than indexFrom.
+	first *Lock
+	nkeys int
+	index map[keys.Key]struct{}
+	gone  bool // retired or lost: out of l.holders, takes nothing more
 
 	// The turn: whoever holds it may use c; the watcher holds it while it
 	// reads. turn is a FIFO semaphore of one slot.
@@ -60,9 +63,15 @@ type holderConn struct {
 
 	stop       chan struct{} // closed when c is retired or lost: the watcher ends
 	watchStart *time.Timer
-	watchDone  chan struct{} // closed when the watcher has returned or will never run
-	watchCtx   context.Context
+	watchDone  sync.WaitGroup // counts the watcher until it has returned or can no longer run
+	watchCtx   detached       // the first acquisition's values, never cancelled
+	stmtCtx    detached       // the context of the statement in flight (under the turn)
 }
+
+// indexFrom is how many keys a holder connection's record holds before it
+// keeps an index of them; below it a request's keys are compared with each
+// lock's.
+const indexFrom = 8
 
 // holders is a Locker's set of shared holder connections.
 type holders struct {
@@ -82,71 +91,120 @@ func (l *Locker) stmtBound() time.Duration {
 	return d
 }
 
-// newHolder makes c, which holds nothing, or the keys of a when adopted is
-// set, a holder connection of l. The caller holds its turn. a's keys are
-// recorded on it.
-func (l *Locker) newHolder(ctx context.Context, c *pooltx.Conn, a *acquired) *holderConn {
+// newHolder makes c a holder connection of l with h recorded on it
+// (pending: its keys are being asked for, or, for a connection that waited
+// for them, granted and about to be adopted). The caller holds its turn.
+func (l *Locker) newHolder(ctx context.Context, c *pooltx.Conn, h *Lock) *holderConn {
 	hc := &holderConn{
 		l: l, c: c,
-		held:      make(map[keys.Key]bool, len(a.s.all)),
-		locks:     make(map[*Lock]struct{}, 1),
-		turn:      make(fifo, 1),
-		idle:      make(chan struct{}, 1),
-		stop:      make(chan struct{}),
-		watchDone: make(chan struct{}),
-		watchCtx:  context.WithoutCancel(ctx),
-		lastOK:    time.Now(),
-		inUse:     1,
+		turn:   make(fifo, 1),
+		idle:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+		lastOK: time.Now(),
+		inUse:  1,
 	}
+	hc.watchCtx.parent = ctx
 	hc.turn <- struct{}{}
-	for _, k := range a.s.all {
-		hc.held[k] = a.shared
-	}
+	hc.watchDone.Add(1)
 	l.holders.mu.Lock()
+	hc.link(h)
 	l.holders.list = append(l.holders.list, hc)
 	l.holders.mu.Unlock()
 	hc.watchStart = time.AfterFunc(watchDelay, hc.watch)
 	return hc
 }
 
-// pick returns a holder connection whose record has none of a's keys, with
-// a's keys recorded on it, or nil when there is none.
-func (l *Locker) pick(a *acquired) *holderConn {
+// pick returns a holder connection whose record has none of h's keys, with
+// h recorded on it (pending), or nil when there is none.
+func (l *Locker) pick(h *Lock) *holderConn {
 	hs := &l.holders
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
-next:
 	for _, hc := range hs.list {
-		for _, k := range a.s.all {
-			if _, ok := hc.held[k]; ok {
-				continue next
-			}
+		if !hc.hasAny(h.a.s.all) {
+			hc.link(h)
+			return hc
 		}
-		for _, k := range a.s.all {
-			hc.held[k] = a.shared
-		}
-		return hc
 	}
 	return nil
 }
 
-// forget drops a's keys from the record (and h from the locks, when not
-// nil); when the record is then empty, hc is taken out of the Locker's set
-// and forget reports that the caller, who holds the turn, must retire it.
-func (hc *holderConn) forget(a *acquired, h *Lock) (retire bool) {
+// hasAny reports whether the record of hc has any of ks, in any mode;
+// holders.mu is held.
+func (hc *holderConn) hasAny(ks []keys.Key) bool {
+	if hc.index != nil {
+		for _, k := range ks {
+			if _, ok := hc.index[k]; ok {
+				return true
+			}
+		}
+		return false
+	}
+	for o := hc.first; o != nil; o = o.next {
+		for _, k := range o.a.s.all {
+			if slices.Contains(ks, k) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// link records h on hc, pending; holders.mu is held.
+func (hc *holderConn) link(h *Lock) {
+	h.on, h.pending = hc, true
+	h.prev, h.next = nil, hc.first
+	if hc.first != nil {
+		hc.first.prev = h
+	}
+	hc.first = h
+	hc.nkeys += len(h.a.s.all)
+	switch {
+	case hc.index != nil:
+		for _, k := range h.a.s.all {
+			hc.index[k] = struct{}{}
+		}
+	case hc.nkeys > indexFrom:
+		hc.index = make(map[keys.Key]struct{}, 2*hc.nkeys)
+		for o := hc.first; o != nil; o = o.next {
+			for _, k := range o.a.s.all {
+				hc.index[k] = struct{}{}
+			}
+		}
+	}
+}
+
+// unlink drops h from the record of hc; holders.mu is held.
+func (hc *holderConn) unlink(h *Lock) {
+	if h.prev != nil {
+		h.prev.next = h.next
+	} else {
+		hc.first = h.next
+	}
+	if h.next != nil {
+		h.next.prev = h.prev
+	}
+	h.on, h.prev, h.next = nil, nil, nil
+	hc.nkeys -= len(h.a.s.all)
+	if hc.index != nil {
+		for _, k := range h.a.s.all {
+			delete(hc.index, k)
+		}
+	}
+}
+
+// forget drops h from the record; when the record is then empty, hc is
+// taken out of the Locker's set and forget reports that the caller, who
+// holds the turn, must retire it.
+func (hc *holderConn) forget(h *Lock) (retire bool) {
 	hs := &hc.l.holders
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
-	if hc.gone {
+	if hc.gone || h.on != hc {
 		return false
 	}
-	for _, k := range a.s.all {
-		delete(hc.held, k)
-	}
-	if h != nil {
-		delete(hc.locks, h)
-	}
-	if len(hc.held) > 0 {
+	hc.unlink(h)
+	if hc.first != nil {
 		return false
 	}
 	hc.gone = true
@@ -207,7 +265,8 @@ func (hc *holderConn) run(ctx context.Context, s *keySet, k kind, shared bool) (
 	conn := hc.c.Conn()
 	nc := conn.PgConn().Conn()
 	_ = nc.SetDeadline(time.Now().Add(hc.l.stmtBound()))
-	dctx := context.WithoutCancel(ctx) // pgx does not watch it: the deadline is the bound
+	hc.stmtCtx.parent = ctx
+	dctx := &hc.stmtCtx // cannot end, so pgx does not watch it: the deadline is the bound
 	if len(s.all) == 1 {
 		var ok bool
 		sql, args := s.one(k, shared, "")
@@ -228,7 +287,8 @@ func (hc *holderConn) run(ctx context.Context, s *keySet, k kind, shared bool) (
 }
 
 // errGone: the holder connection was retired or lost before the request's
-// statement was sent; nothing was done, the request may go elsewhere.
+// statement was sent, or died under it (then chained with the call's
+// error); nothing is held, the request may go elsewhere.
 var errGone = errors.New("advisory: holder connection gone")
 
 // tryOn tries a's keys, recorded on hc by pick or newHolder, on hc, and on
@@ -243,7 +303,7 @@ func (hc *holderConn) tryOn(ctx, wctx context.Context, h *Lock, owned bool) erro
 			// Given up waiting for the turn: nothing was sent. The record
 			// must still be undone under the turn (it may retire hc).
 			_ = hc.take(context.Background())
-			if hc.forget(a, nil) {
+			if hc.forget(h) {
 				hc.retire()
 			}
 			hc.give()
@@ -259,25 +319,27 @@ func (hc *holderConn) tryOn(ctx, wctx context.Context, h *Lock, owned bool) erro
 	case err != nil && hc.c.Conn().IsClosed():
 		// The session is gone, and with it whatever the statement took.
 		hc.lose(err, nil, false)
-		if !owned && ctx.Err() == nil && wctx.Err() == nil {
-			return errGone // the holder connection died: elsewhere
+		lerr := &LockError{Op: a.op, Keys: a.s.all, Err: classify(ctx, err)}
+		if ctx.Err() == nil && wctx.Err() == nil {
+			// Nothing is held by a dead session: the call may go elsewhere.
+			return chain{errGone, lerr}
 		}
-		return &LockError{Op: a.op, Keys: a.s.all, Err: classify(ctx, err)}
+		return lerr
 	case err != nil:
 		// The statement failed on a live connection (a full lock table, a
 		// statement_timeout): a multi-key try may have taken some keys.
-		hc.undo(ctx, a)
+		hc.undo(ctx, h)
 		return &LockError{Op: a.op, Keys: a.s.all, Err: classify(ctx, err)}
 	case falses > 0:
 		if falses < len(a.s.all) {
-			hc.undo(ctx, a) // some keys were granted: give them back
-		} else if hc.forget(a, nil) {
+			hc.undo(ctx, h) // some keys were granted: give them back
+		} else if hc.forget(h) {
 			hc.retire()
 		}
 		return &LockError{Op: a.op, Keys: a.s.all, Err: join(ErrNotAcquired, ctx.Err())}
 	case ctx.Err() != nil:
 		// Granted, but the caller has gone: give it back now.
-		hc.undo(ctx, a)
+		hc.undo(ctx, h)
 		return &LockError{Op: a.op, Keys: a.s.all, Err: classify(ctx, ctx.Err())}
 	}
 	hc.adopt(h)
@@ -291,7 +353,7 @@ func (hc *holderConn) adopt(h *Lock) {
 	h.a.span.acquired(nil)
 	h.home = hc
 	hc.l.holders.mu.Lock()
-	hc.locks[h] = struct{}{}
+	h.pending = false
 	hc.l.holders.mu.Unlock()
 }
 
@@ -301,7 +363,8 @@ func (hc *holderConn) adopt(h *Lock) {
 // guarantees that no other lock on hc holds any of them, so true means
 // "taken by this acquisition, now released" and false "never taken". If
 // the unlock fails, hc is lost.
-func (hc *holderConn) undo(ctx context.Context, a *acquired) {
+func (hc *holderConn) undo(ctx context.Context, h *Lock) {
+	a := h.a
 	if hc.c.Conn().IsClosed() {
 		hc.lose(errors.New("advisory: connection closed during lock"), nil, false)
 		return
@@ -310,7 +373,7 @@ func (hc *holderConn) undo(ctx context.Context, a *acquired) {
 		hc.lose(&pooltx.CleanupError{Step: "unlock", Err: err}, nil, false)
 		return
 	}
-	if hc.forget(a, nil) {
+	if hc.forget(h) {
 		hc.retire()
 	}
 }
@@ -321,7 +384,7 @@ func (hc *holderConn) release(ctx context.Context, h *Lock) error {
 	_ = hc.take(context.Background())
 	defer hc.give()
 	hc.l.holders.mu.Lock()
-	_, mine := hc.locks[h]
+	mine := h.on == hc
 	hc.l.holders.mu.Unlock()
 	if !mine {
 		return h.Err() // lost: the loss set it before passing the turn on
@@ -342,7 +405,7 @@ func (hc *holderConn) release(ctx context.Context, h *Lock) error {
 		return lerr
 	}
 	a.span.released(nil)
-	if hc.forget(a, h) {
+	if hc.forget(h) {
 		hc.retire()
 	}
 	return nil
@@ -364,9 +427,9 @@ func (hc *holderConn) stopWatcher(byWatcher bool) {
 		return
 	}
 	if hc.watchStart.Stop() {
-		close(hc.watchDone) // it never started and never will
+		hc.watchDone.Done() // it never started and never will
 	}
-	<-hc.watchDone
+	hc.watchDone.Wait()
 }
 
 // lose ends hc after its connection died or fell in doubt: every lock on
@@ -383,13 +446,16 @@ func (hc *holderConn) lose(cause error, except *Lock, byWatcher bool) {
 	}
 	hc.gone = true
 	hs.remove(hc)
-	locks := make([]*Lock, 0, len(hc.locks))
-	for h := range hc.locks {
-		if h != except {
+	var locks []*Lock
+	for h := hc.first; h != nil; {
+		next := h.next
+		if h != except && !h.pending {
 			locks = append(locks, h)
 		}
+		h.on, h.prev, h.next = nil, nil, nil
+		h = next
 	}
-	hc.locks, hc.held = nil, nil
+	hc.first, hc.index, hc.nkeys = nil, nil, 0
 	hs.mu.Unlock()
 	hc.stopWatcher(byWatcher)
 	// The holders hear first: they must stop acting as owners at once,
@@ -408,7 +474,7 @@ func (hc *holderConn) lose(cause error, except *Lock, byWatcher bool) {
 // answered for HeartbeatInterval (statements count), a ping bounded by
 // HeartbeatTimeout checks that the server still answers.
 func (hc *holderConn) watch() {
-	defer close(hc.watchDone)
+	defer hc.watchDone.Done()
 	pg := hc.c.Conn().PgConn()
 	nc := pg.Conn()
 	interval, timeout := hc.l.cfg.HeartbeatInterval, hc.l.cfg.HeartbeatTimeout
@@ -468,7 +534,7 @@ func (hc *holderConn) watch() {
 			if interval <= 0 || time.Now().Before(deadline) {
 				break // cut short by a caller: let it have the turn
 			}
-			pctx, cancel := context.WithTimeout(hc.watchCtx, timeout)
+			pctx, cancel := context.WithTimeout(&hc.watchCtx, timeout)
 			perr := pg.Ping(pctx)
 			cancel()
 			if perr != nil {
@@ -519,7 +585,7 @@ func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock, opts *Options, 
 		return l.waitHeld(ctx, wctx, h) // others of the Locker are in line for the key
 	}
 	for range l.pool.Stat().MaxConns() + 2 {
-		hc := l.pick(a)
+		hc := l.pick(h)
 		if hc == nil {
 			break
 		}
@@ -537,7 +603,13 @@ func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock, opts *Options, 
 	}
 	// No holder connection can take the keys: a new one.
 	for retried := false; ; retried = true {
-		c, err := l.conn(wctx)
+		var c *pooltx.Conn
+		var err error
+		if !retried {
+			c, err = l.conn(wctx)
+		} else {
+			c, err = l.livePin(wctx) // a connection it has just pinged
+		}
 		if err != nil {
 			return &LockError{Op: a.op, Keys: a.s.all, Err: classify(ctx, err)}
 		}
@@ -545,10 +617,13 @@ func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock, opts *Options, 
 			l.unpin(c)
 			return err
 		}
-		hc := l.newHolder(ctx, c, a)
+		hc := l.newHolder(ctx, c, h)
 		err = hc.tryOn(ctx, wctx, h, true)
-		if err == nil || retried || !diedIdle(ctx, wctx, c) {
+		if !errors.Is(err, errGone) {
 			return err
+		}
+		if retried {
+			return err.(chain)[1]
 		}
 		// A pooled connection found dead before anything was locked (see
 		// diedIdle): once more on another.
@@ -562,7 +637,7 @@ func (l *Locker) waitHeld(ctx, wctx context.Context, h *Lock) error {
 	if err := l.acquireSessionWithin(ctx, wctx, a, a.op, a.shared, false); err != nil {
 		return err
 	}
-	hc := l.newHolder(ctx, a.c, a)
+	hc := l.newHolder(ctx, a.c, h)
 	a.c = nil // hc's now
 	hc.adopt(h)
 	hc.give()
