@@ -69,6 +69,13 @@ func TestAllocationsNearRawPgx(t *testing.T) {
 		rawSession+allocSlack, "WithLock")
 	assert.LessOrEqual(t, allocs("Lock+Unlock", func() error { return handleCycle(ctx, l, k) }),
 		rawSession+allocSlack, "Lock+Unlock through a handle")
+	// Issue 22: a handle on a shared holder connection allocates no more than
+	// a dedicated one.
+	ld := newLocker(t, pool, advisory.Config{DisableMultiplexing: true})
+	allocs("Lock+Unlock dedicated", func() error { return handleCycle(ctx, ld, k) }) // logged
+	assert.LessOrEqual(t, allocs("TryLock+Unlock", func() error { return tryHandleCycle(ctx, l, k) }),
+		allocs("TryLock+Unlock dedicated", func() error { return tryHandleCycle(ctx, ld, k) }),
+		"TryLock+Unlock: multiplexed against dedicated")
 	assert.LessOrEqual(t, allocs("TryWithLock", func() error { return l.TryWithLock(ctx, k, nil, noopSession) }),
 		rawSession+allocSlack, "TryWithLock")
 

@@ -54,14 +54,15 @@ type holderConn struct {
 
 	// The turn: whoever holds it may use c; the watcher holds it while it
 	// reads. turn is a FIFO semaphore of one slot.
-	turn   fifo
-	mu     sync.Mutex    // guards inUse, parked
-	inUse  int           // callers that hold or wait for the turn (the watcher is not counted)
-	parked bool          // the watcher holds the turn, in a read a caller may cut short
-	idle   chan struct{} // signalled when inUse drops to 0
-	lastOK time.Time     // under the turn: when c last answered
+	turn     fifo
+	mu       sync.Mutex    // guards inUse, parked, idle, stop, stopping
+	inUse    int           // callers that hold or wait for the turn (the watcher is not counted)
+	parked   bool          // the watcher holds the turn, in a read a caller may cut short
+	idle     chan struct{} // signalled when inUse drops to 0; made by the watcher
+	stop     chan struct{} // closed when c is retired or lost; made by the watcher
+	stopping bool          // stopWatcher has run: a watcher starting now returns at once
+	lastOK   time.Time     // under the turn: when c last answered
 
-	stop       chan struct{} // closed when c is retired or lost: the watcher ends
 	watchStart *time.Timer
 	watchDone  sync.WaitGroup // counts the watcher until it has returned or can no longer run
 	watchCtx   detached       // the first acquisition's values, never cancelled
@@ -98,8 +99,6 @@ func (l *Locker) newHolder(ctx context.Context, c *pooltx.Conn, h *Lock) *holder
 	hc := &holderConn{
 		l: l, c: c,
 		turn:   make(fifo, 1),
-		idle:   make(chan struct{}, 1),
-		stop:   make(chan struct{}),
 		lastOK: time.Now(),
 		inUse:  1,
 	}
@@ -422,7 +421,12 @@ func (hc *holderConn) retire() {
 
 // stopWatcher ends the watcher and, unless called by it, waits for it.
 func (hc *holderConn) stopWatcher(byWatcher bool) {
-	close(hc.stop)
+	hc.mu.Lock()
+	hc.stopping = true
+	if hc.stop != nil {
+		close(hc.stop)
+	}
+	hc.mu.Unlock()
 	if byWatcher {
 		return
 	}
@@ -475,6 +479,15 @@ func (hc *holderConn) lose(cause error, except *Lock, byWatcher bool) {
 // HeartbeatTimeout checks that the server still answers.
 func (hc *holderConn) watch() {
 	defer hc.watchDone.Done()
+	// The channels are made here, not with hc: a holder connection that
+	// holds for less than watchDelay never needs them.
+	hc.mu.Lock()
+	if hc.stopping {
+		hc.mu.Unlock()
+		return
+	}
+	hc.idle, hc.stop = make(chan struct{}, 1), make(chan struct{})
+	hc.mu.Unlock()
 	pg := hc.c.Conn().PgConn()
 	nc := pg.Conn()
 	interval, timeout := hc.l.cfg.HeartbeatInterval, hc.l.cfg.HeartbeatTimeout
@@ -552,6 +565,10 @@ func (hc *holderConn) watch() {
 	}
 }
 
+// pickTries bounds how many holder connections one call tries that turn
+// out gone (retired, lost) under it before it takes another way.
+const pickTries = 8
+
 var errHeartbeatDue = errors.New("advisory: heartbeat due")
 
 // acquireHeld validates ks and takes them for h on a holder connection:
@@ -584,7 +601,7 @@ func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock, opts *Options, 
 	if !try && l.gates.refs(a.s.all[0]) > 0 {
 		return l.waitHeld(ctx, wctx, h) // others of the Locker are in line for the key
 	}
-	for range l.pool.Stat().MaxConns() + 2 {
+	for range pickTries {
 		hc := l.pick(h)
 		if hc == nil {
 			break
