@@ -332,6 +332,26 @@ func BenchmarkPaired(b *testing.B) {
 			impl{"handle", func(ctx context.Context) error { return handleCycle(ctx, h.l, kh) }},
 			impl{"withlock", func(ctx context.Context) error { return adv.l.WithLock(ctx, k, nil, noopSession) }})
 	})
+	// Issue 22: an uncontended TryLock+Unlock through a handle, dedicated
+	// (Config.DisableMultiplexing) against multiplexed (a holder connection
+	// that holds only this lock, so it goes back to the pool at each unlock)
+	// and multiplexed on a busy holder (another lock stays held on it, so
+	// every call runs on the shared connection, whose watcher's read it cuts
+	// short). The target: multiplexed/dedicated <= 1.05.
+	b.Run("op=TryLockHandle", func(b *testing.B) {
+		ded, mux, busy := newBenchEnv(b), newBenchEnv(b), newBenchEnv(b)
+		ded.l = newLocker(b, ded.pool, advisory.Config{DisableMultiplexing: true})
+		kd, km, kb := key(b), key(b), key(b)
+		other, err := busy.l.TryLock(busy.ctx, key(b), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = other.Unlock(context.Background()) })
+		paired(b,
+			impl{"dedicated", func(ctx context.Context) error { return tryHandleCycle(ctx, ded.l, kd) }},
+			impl{"multiplexed", func(ctx context.Context) error { return tryHandleCycle(ctx, mux.l, km) }},
+			impl{"multiplexed-busy", func(ctx context.Context) error { return tryHandleCycle(ctx, busy.l, kb) }})
+	})
 	b.Run("op=WithXactLock", func(b *testing.B) {
 		naive, piped, adv := newBenchEnv(b), newBenchEnv(b), newBenchEnv(b)
 		_, vals := benchKeys(b, 1)
