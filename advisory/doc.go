@@ -84,7 +84,9 @@
 // with pool.Exec belongs to a connection the caller no longer controls: the
 // unlock may run on another connection (and fail), and the locked
 // connection goes back to the pool still holding the lock for the next
-// borrower. Every call here pins one connection from acquire to unlock.
+// borrower. Every callback call here pins one connection from acquire to
+// unlock, and every held lock lives on a connection the Locker keeps out of
+// the pool until nothing is held on it (see Held locks share connections).
 // The unlock shares its round trip with pooltx's reset (see pooltx's
 // package documentation for the exact statements), so nothing the callback
 // did on the pinned connection survives into the pool: not a lock it took
@@ -92,19 +94,68 @@
 // role or session authorization it switched to, not a temporary table, a
 // LISTEN or a cursor; a transaction-scope call, and a batch, reset in
 // COMMIT's round trip the same way. Handles and Hold, whose connections
-// run only this package's statements, unlock without a reset. The
-// unlock's boolean is checked: false means the lock was not held any more,
-// which the call reports as [ErrNotHeld] while the connection is destroyed.
+// run only this package's statements, unlock their own keys without a
+// reset. The unlock's boolean is checked: false means the lock was not held
+// any more, which the call reports as [ErrNotHeld] while the connection is
+// destroyed (and, on a shared holder connection, every other lock on it is
+// lost: see below).
 //
 // # Stacking
 //
 // PostgreSQL advisory locks are re-entrant per session: a session that
 // holds a key can lock it again, and must unlock it as many times. The
 // callback helpers take each key once per call. Contention is between
-// sessions: a second call of this package always uses another connection,
-// so two concurrent WithLock calls on one key exclude each other even in one
-// goroutine (which is why a nested call on the same key deadlocks itself
-// until its timeout).
+// sessions, and this package never takes a key a second time on a
+// connection that holds it: a second WithLock call always uses another
+// connection, and a held lock never shares a connection with another lock
+// of the Locker on any of its keys (see below), so two concurrent calls on
+// one key exclude each other even in one goroutine (which is why a nested
+// call on the same key waits for itself until its timeout).
+//
+// # Held locks share connections
+//
+// Held locks ([Locker.Lock], [Locker.TryLock], [Locker.LockAll],
+// [Locker.TryLockAll], [Locker.Hold] and its forms) share holder
+// connections by default: a thousand held locks of one Locker can live on
+// one connection and one server backend, not a thousand. The rules:
+//
+//   - A Try call runs on a holder connection that already holds other
+//     locks of the Locker and none of the call's keys, else on a new
+//     connection, which becomes a holder connection if the keys are
+//     granted. A blocking call is tried there first (unless other calls of
+//     the Locker are in its first key's local queue); only when a key is
+//     busy does it wait on a connection of its own, as WithLock does, and
+//     once granted that connection becomes a holder connection that later
+//     calls share. A connection that holds locks never waits for one.
+//   - PostgreSQL's session locks stack within a session (a key taken twice
+//     is granted twice, and an exclusive request is granted to the session
+//     that holds the key shared), so the Locker keeps its own record of the
+//     keys and modes of each holder connection and never sends a request to
+//     one that has any of its keys, in either mode: such a request goes to
+//     another holder connection or a connection of its own, where
+//     PostgreSQL decides. Two shared requests for one key take two
+//     connections, so that a shared lock of this Locker never overtakes
+//     another session's exclusive request queued for the key.
+//   - One statement at a time runs on a holder connection, only this
+//     package's (try-locks, unlocks of exactly the unlocking lock's keys,
+//     heartbeat pings), each under the Locker's own bound: Config.
+//     CleanupTimeout, and at most Config.HeartbeatTimeout when heartbeats
+//     are on. A caller's context governs only its wait for its turn; once
+//     its statement is sent the call waits for the answer, so a cancelled
+//     caller never makes pgx cancel or close a connection that holds other
+//     callers' locks, and a key granted to a caller that has gone is
+//     unlocked at once.
+//   - A holder connection goes back to the pool when the last of its locks
+//     is unlocked, every unlock having answered true. An unlock that answers
+//     false puts it in doubt: it is destroyed.
+//   - One watcher and one heartbeat serve each holder connection, not each
+//     lock. When it dies, every lock on it is lost (see Long holds and lost
+//     locks): each handle's Done closes, each Hold's context is cancelled
+//     with cause [ErrLockLost], and each loss is traced once.
+//   - Config.MaxConns counts holder connections (and connections that
+//     wait). [Locker.WithLock] and [Locker.WithLockAll] keep a connection
+//     of their own, since their callbacks may run anything on it;
+//     Config.DisableMultiplexing gives every held lock one too, as before.
 //
 // # Cancellation and doubt
 //
@@ -208,8 +259,8 @@
 // keys.Compare and take them in that order in one round trip, so callers
 // that pass all the keys of a critical section to one call never deadlock
 // each other. Taking keys one call at a time, nested, gives up that
-// guarantee, and worse: every call uses its own connection, so a holder
-// that asks for a key held by a goroutine which is waiting for the holder's
+// guarantee, and worse: a call that waits does so on a connection of its
+// own, so a holder that asks for a key held by a goroutine which is waiting for the holder's
 // key closes a cycle through the client that PostgreSQL cannot see. Such
 // nested calls across connections are never reported as a deadlock (40P01):
 // they end at their timeout, or wait for ever without one. A wait in a
@@ -247,12 +298,15 @@
 // connection dies (failover, pg_terminate_backend, a restart, a network
 // cut) PostgreSQL releases the lock at once and another process may take
 // it while the first still works. [Locker.Lock] handles and [Locker.Hold]
-// callbacks watch the idle holding connection: a terminated backend or a
-// closed socket is seen within milliseconds without any traffic, and a
-// bounded ping every Config.HeartbeatInterval catches a frozen server or a
-// silent partition within HeartbeatInterval + HeartbeatTimeout. The loss
-// closes Done, cancels Hold's context with cause [ErrLockLost], is logged
-// and traced, and destroys the connection. A loss that an unlock finds
+// callbacks have their holding connection watched while it is idle (one
+// watcher per holder connection): a terminated backend or a closed socket
+// is seen within milliseconds without any traffic, and a bounded ping when
+// the connection has not answered for Config.HeartbeatInterval catches a
+// frozen server or a silent partition within HeartbeatInterval +
+// HeartbeatTimeout. The loss of a connection is the loss of every lock on
+// it: it closes each one's Done, cancels each Hold's context with cause
+// [ErrLockLost], is logged and traced once per lock, and destroys the
+// connection. A loss that an unlock finds
 // first (Lock.Unlock, Hold or WithLock finding the connection dead) is
 // reported the same way: the error and Lock.Err match [ErrLockLost], and
 // the tracer gets one TraceLost (no TraceRelease), so each lost lock is
@@ -292,7 +346,7 @@
 // tells a handle and a Hold callback within about HeartbeatInterval +
 // HeartbeatTimeout (defaults [DefaultHeartbeatInterval] and
 // [DefaultHeartbeatTimeout]; lower them to learn sooner, at the price of a
-// ping per held lock per interval); a WithLock callback learns when a
+// ping per holder connection per interval); a WithLock callback learns when a
 // statement on its connection fails, so bound its statements with a
 // context deadline. Until then, and for a holder that ignores the signal,
 // two processes may act as owners of one key, one per primary: a lock

@@ -77,10 +77,13 @@ type Config struct {
 	// only for a proxy in session pooling mode.
 	AllowProxy bool
 
-	// MaxConns caps the pooled connections the Locker pins at once, for
-	// holders and waiters together; calls over the cap wait their turn
-	// (FIFO, bounded by their timeout and context). Zero means no cap
-	// beyond the pool's own size. Independently of it, the goroutines of
+	// MaxConns caps the pooled connections the Locker pins at once:
+	// holder connections (each shared by any number of held locks, see
+	// the package doc), connections of WithLock calls and of dedicated
+	// held locks, and connections that wait, together; calls over the cap
+	// wait their turn (FIFO, bounded by their timeout and context), and a
+	// held lock that can go on an existing holder connection does not
+	// count again. Zero means no cap beyond the pool's own size. Independently of it, the goroutines of
 	// one Locker that wait for the same key pin at most two connections
 	// between them: the first two in line wait on the server, the others
 	// queue in process (multi-key calls queue for their first key only,
@@ -88,8 +91,15 @@ type Config struct {
 	MaxConns int
 
 	// DisableMultiplexing gives every held lock (Lock, TryLock, LockAll,
-	// TryLockAll, Hold and its forms) a pooled connection of its own, as
-	// before multiplexing. By default held locks share holder connections.
+	// TryLockAll, Hold and its forms) a pooled connection of its own, with
+	// its own watcher, as before multiplexing: N held locks pin N
+	// connections, and a connection's loss is one lock's loss. By default
+	// (false) held locks share holder connections: a Try call, and a
+	// blocking call whose keys are free, runs on a holder connection that
+	// has none of its keys; only a wait that must queue on the server takes
+	// a connection of its own, which becomes a holder connection once
+	// granted; and the loss of a holder connection is the loss of every
+	// lock on it (see the package doc, "Held locks share connections").
 	// WithLock and WithLockAll always keep a dedicated connection.
 	DisableMultiplexing bool
 
@@ -171,8 +181,9 @@ func (o *Options) checkTxOptions() error {
 }
 
 // Locker takes PostgreSQL advisory locks through a pgx pool. It is safe for
-// concurrent use. Every session-scope call pins one pooled connection for
-// as long as the lock is held.
+// concurrent use. Every session-scope callback call (WithLock) pins one
+// pooled connection for as long as the lock is held; held locks (Lock,
+// Hold) share holder connections unless Config.DisableMultiplexing is set.
 type Locker struct {
 	pool *pgxpool.Pool
 	cfg  Config
