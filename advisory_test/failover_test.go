@@ -176,7 +176,8 @@ func TestFailoverPartitionedPrimaryHoldersLoseLocks(t *testing.T) {
 	holderPIDs(t, ctx, f.onPrimary, handleKey, holdKey, withKey)
 
 	t0 := time.Now()
-	require.GreaterOrEqual(t, f.proxy.Cut(), 3, "the three holders' connections")
+	// The handle and Hold share a holder connection (issue 22); WithLock has its own.
+	require.GreaterOrEqual(t, f.proxy.Cut(), 2, "the holder connection and WithLock's")
 	awaitDone(t, h.Done(), "the handle's Done to close")
 	t.Logf("cut -> handle's loss seen: %v (heartbeat interval 200ms + timeout 200ms; logged, not asserted)", time.Since(t0).Round(time.Millisecond))
 	assert.ErrorIs(t, h.Err(), advisory.ErrLockLost)

@@ -57,7 +57,8 @@ func TestNetCutHeartbeatDetectsLoss(t *testing.T) {
 	holderPIDs(t, ctx, admin, holdKey, lockKey)
 
 	t0 := time.Now()
-	require.GreaterOrEqual(t, proxy.Cut(), 2, "the two holders' connections")
+	// The Hold and the handle share one holder connection (issue 22).
+	require.GreaterOrEqual(t, proxy.Cut(), 1, "the holders' connection")
 	r := await(t, result, "Hold to return after the cut")
 	lockLost := await(t, doneAt, "the handle's Done to close after the cut").Sub(t0)
 
