@@ -553,3 +553,32 @@ func TestMaxConnsCountsHolderConnections(t *testing.T) {
 	require.NoError(t, <-got)
 	assert.Zero(t, pool.Stat().AcquiredConns())
 }
+
+// A wait that had to queue on the server takes a connection of its own; once granted,
+// that connection becomes a holder connection, and later acquisitions share it.
+func TestGrantedWaiterBecomesASharedHolder(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	pool, app := muxPool(t, 4)
+	l := newLocker(t, pool, advisory.Config{})
+	ks := distinctKeys(t, 2)
+	other := hold(ctx, t, false, ks[0])
+	got := make(chan *advisory.Lock, 1)
+	go func() {
+		h, err := l.Lock(ctx, ks[0], nil)
+		assert.NoError(t, err)
+		got <- h
+	}()
+	awaitWaiting(ctx, t, admin, ks[0], 1)
+	other.release()
+	h0 := <-got
+	require.NotNil(t, h0)
+	h1, err := l.TryLock(ctx, ks[1], nil)
+	require.NoError(t, err)
+	assert.Equal(t, holderPID(ctx, t, admin, ks[0]), holderPID(ctx, t, admin, ks[1]), "the try ran on the granted waiter's connection")
+	assert.Equal(t, 1, holderBackends(ctx, t, admin, app))
+	assert.EqualValues(t, 1, pool.Stat().AcquiredConns())
+	require.NoError(t, h0.Unlock(ctx))
+	require.NoError(t, h1.Unlock(ctx))
+	assert.Zero(t, pool.Stat().AcquiredConns())
+}
