@@ -491,6 +491,9 @@ func (hc *holderConn) watch() {
 	pg := hc.c.Conn().PgConn()
 	nc := pg.Conn()
 	interval, timeout := hc.l.cfg.HeartbeatInterval, hc.l.cfg.HeartbeatTimeout
+	quiet := time.NewTimer(time.Hour)
+	quiet.Stop()
+	defer quiet.Stop()
 	for {
 		// Wait until no caller wants the connection, then for the turn.
 		hc.mu.Lock()
@@ -519,6 +522,22 @@ func (hc *holderConn) watch() {
 		if hc.inUse > 0 {
 			hc.mu.Unlock()
 			hc.turn.unlock()
+			continue
+		}
+		if d := watchDelay - time.Since(hc.lastOK); d > 0 {
+			// The connection has just answered a statement: while calls come
+			// and go, each one's statement would find a dead connection
+			// anyway, and a read parked now would be cut short by the next
+			// one (a wake-up of this goroutine on its path). Park once the
+			// connection has been quiet for watchDelay.
+			hc.mu.Unlock()
+			hc.turn.unlock()
+			quiet.Reset(d)
+			select {
+			case <-quiet.C:
+			case <-hc.stop:
+				return
+			}
 			continue
 		}
 		var deadline time.Time
