@@ -516,8 +516,8 @@ func TestCancelledCallersDoNotHurtTheSharedHolder(t *testing.T) {
 
 // Config.MaxConns counts holder connections: with a cap of one, held locks on distinct
 // keys share the one connection, and a Lock whose key is busy (held by another session)
-// waits for a connection under the cap, which it gets when the holder connection holds
-// nothing any more.
+// must wait on a connection of its own, which the cap refuses while the holder connection
+// holds anything: ErrNoConnection, not ErrLockTimeout (it never reached the server).
 func TestMaxConnsCountsHolderConnections(t *testing.T) {
 	ctx := testCtx(t)
 	pool, _ := muxPool(t, 8)
@@ -531,27 +531,16 @@ func TestMaxConnsCountsHolderConnections(t *testing.T) {
 	}
 	assert.EqualValues(t, 1, pool.Stat().AcquiredConns())
 	other := hold(ctx, t, false, ks[3])
-	got := make(chan error, 1)
-	go func() {
-		h, err := l.Lock(ctx, ks[3], nil)
-		if err == nil {
-			err = h.Unlock(ctx)
-		}
-		got <- err
-	}()
-	other.release() // the key is free on the server; the call still waits for a connection
+	_, err := l.Lock(ctx, ks[3], &advisory.Options{Timeout: 300 * time.Millisecond})
+	require.ErrorIs(t, err, advisory.ErrNoConnection)
+	other.release()
 	for _, h := range hs {
-		select {
-		case err := <-got:
-			// It may have been tried on the holder connection once the key was free.
-			require.NoError(t, err)
-			got <- nil
-		default:
-		}
 		require.NoError(t, h.Unlock(ctx))
 	}
-	require.NoError(t, <-got)
 	assert.Zero(t, pool.Stat().AcquiredConns())
+	h, err := l.Lock(ctx, ks[3], nil)
+	require.NoError(t, err)
+	require.NoError(t, h.Unlock(ctx))
 }
 
 // A wait that had to queue on the server takes a connection of its own; once granted,
