@@ -123,10 +123,11 @@
 //     locks of the Locker and none of the call's keys, else on a new
 //     connection, which becomes a holder connection if the keys are
 //     granted. A blocking call is tried there first (unless other calls of
-//     the Locker are in its first key's local queue); only when a key is
-//     busy does it wait on a connection of its own, as WithLock does, and
-//     once granted that connection becomes a holder connection that later
-//     calls share. A connection that holds locks never waits for one.
+//     the Locker are in its first key's local queue); when a key is busy,
+//     or no holder connection can take the keys, it takes them on a
+//     connection of its own, waiting there as WithLock does if it must,
+//     and once granted that connection becomes a holder connection that
+//     later calls share. A connection that holds locks never waits for one.
 //   - PostgreSQL's session locks stack within a session (a key taken twice
 //     is granted twice, and an exclusive request is granted to the session
 //     that holds the key shared), so the Locker keeps its own record of the

@@ -86,8 +86,9 @@ var ErrLockLost = errors.New("advisory: lock lost")
 // handle that holds it until Unlock. ctx governs only the acquisition.
 // Errors are those of WithLock. Unless Config.DisableMultiplexing is set,
 // the key is tried first on a holder connection the Locker shares between
-// held locks; only when it is busy does the call wait on a connection of
-// its own, which, once granted, becomes a holder connection too.
+// held locks; when it is busy there, or no holder connection can take it,
+// the call takes it on a connection of its own (waiting there if it must),
+// which, once granted, becomes a holder connection too.
 func (l *Locker) Lock(ctx context.Context, key keys.Key, opts *Options) (*Lock, error) {
 	a, ks := oneKey(key)
 	return l.lock(ctx, a, ks, opts, false)
