@@ -370,11 +370,15 @@ func TestTerminatedHolderLosesEveryLockOnIt(t *testing.T) {
 	<-entered
 	require.Equal(t, 1, holderBackends(ctx, t, admin, app), "all five share one holder connection")
 	killBackend(ctx, t, admin, holderPID(ctx, t, admin, ks[0]))
+	t0 := time.Now() // the backend has exited
 	for i, h := range hs {
 		select {
 		case <-h.Done():
 		case <-time.After(waitBound):
 			t.Fatalf("lock %d: Done not closed after the terminate", i)
+		}
+		if i == len(hs)-1 {
+			t.Logf("backend exited -> every handle's Done closed within %v (heartbeats off; logged, not asserted)", time.Since(t0))
 		}
 		assert.ErrorIs(t, h.Err(), advisory.ErrLockLost, "lock %d", i)
 		assert.ErrorIs(t, h.Unlock(ctx), advisory.ErrLockLost, "lock %d", i)
