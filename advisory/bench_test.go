@@ -193,6 +193,34 @@ func handleCycle(ctx context.Context, l *advisory.Locker, k keys.Key) error {
 	return h.Unlock(ctx)
 }
 
+// BenchmarkTryLockHandle is an uncontended TryLock+Unlock through a handle,
+// dedicated (Config.DisableMultiplexing) and multiplexed, with round trips
+// and allocations per call (issue 22; BenchmarkPaired/op=TryLockHandle
+// compares their latencies).
+func BenchmarkTryLockHandle(b *testing.B) {
+	b.Run("impl=dedicated", func(b *testing.B) {
+		e := newBenchEnv(b)
+		e.l = newLocker(b, e.pool, advisory.Config{DisableMultiplexing: true})
+		k := key(b)
+		e.run(b, func(ctx context.Context) error { return tryHandleCycle(ctx, e.l, k) })
+	})
+	b.Run("impl=multiplexed", func(b *testing.B) {
+		e := newBenchEnv(b)
+		k := key(b)
+		e.run(b, func(ctx context.Context) error { return tryHandleCycle(ctx, e.l, k) })
+	})
+	b.Run("impl=multiplexed-busy", func(b *testing.B) {
+		e := newBenchEnv(b)
+		other, err := e.l.TryLock(e.ctx, key(b), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = other.Unlock(context.Background()) })
+		k := key(b)
+		e.run(b, func(ctx context.Context) error { return tryHandleCycle(ctx, e.l, k) })
+	})
+}
+
 // tryHandleCycle takes k through a TryLock handle and unlocks it.
 func tryHandleCycle(ctx context.Context, l *advisory.Locker, k keys.Key) error {
 	h, err := l.TryLock(ctx, k, nil)
