@@ -57,15 +57,19 @@ type Config struct {
 	// DefaultMaxKeys.
 	MaxKeys int
 
-	// HeartbeatInterval is how often the watcher of a held Lock (and of
-	// Hold's callback) pings the server to detect what a dead socket does
-	// not show: a frozen server or a silent network partition. A
-	// terminated backend or a closed socket is seen at once regardless.
-	// Zero means DefaultHeartbeatInterval; negative disables the pings.
+	// HeartbeatInterval is how often the watcher of a held lock's
+	// connection (one per holder connection, see DisableMultiplexing; one
+	// per lock when it is set) pings the server to detect what a dead
+	// socket does not show: a frozen server or a silent network partition.
+	// On a holder connection the ping is sent when the connection has not
+	// answered any statement for HeartbeatInterval. A terminated backend or
+	// a closed socket is seen at once regardless. Zero means
+	// DefaultHeartbeatInterval; negative disables the pings.
 	HeartbeatInterval time.Duration
 
-	// HeartbeatTimeout bounds each heartbeat ping; a ping that does not
-	// answer in time marks the lock lost. Zero means
+	// HeartbeatTimeout bounds each heartbeat ping, and, while heartbeats
+	// are on, each statement on a holder connection; one that does not
+	// answer in time marks every lock on the connection lost. Zero means
 	// DefaultHeartbeatTimeout. A loss is detected at most HeartbeatInterval
 	// + HeartbeatTimeout after the partition began.
 	HeartbeatTimeout time.Duration

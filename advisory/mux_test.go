@@ -152,7 +152,8 @@ func TestPoolOfOneHoldsSeveralLocks(t *testing.T) {
 // from another goroutine of the same Locker.
 func TestSharedHolderNeverStacksConflictingModes(t *testing.T) {
 	ctx := testCtx(t)
-	pool, _ := muxPool(t, 4)
+	pool, app := muxPool(t, 4)
+	admin := pgtest.Pool(t)
 	l := newLocker(t, pool, advisory.Config{})
 	excl, shared := (*advisory.Options)(nil), &advisory.Options{Shared: true}
 	cases := []struct {
@@ -184,6 +185,8 @@ func TestSharedHolderNeverStacksConflictingModes(t *testing.T) {
 			err = <-got
 			if tc.granted {
 				require.NoError(t, err)
+				// Not stacked on the first's connection: a connection of its own.
+				assert.Equal(t, 2, holderBackends(ctx, t, admin, app))
 				require.NoError(t, h2.Unlock(ctx))
 			} else {
 				require.ErrorIs(t, err, advisory.ErrNotAcquired)
