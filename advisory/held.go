@@ -1,0 +1,107 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+
+	"github.com/pgxlock/pgxlock/keys"
+	"github.com/pgxlock/pgxlock/pooltx"
+)
+
+// The acquisition of held locks on shared holder connections (see
+// holderConn in shared.go; its watcher is in holderwatch.go).
+
+// pickTries bounds how many holder connections one call tries that turn
+// out gone (retired, lost) under it before it takes another way.
+const pickTries = 8
+
+// acquireHeld validates ks and takes them for h on a holder connection:
+// for a Try call, on one whose record has none of the keys, else on a new
+// one; for a blocking call, first by a try on such a holder connection
+// (when no call of the Locker waits in its local queue for the first key),
+// and when that finds a key busy, or no holder connection can take the
+// keys, by a wait on a connection of its own (the
+// local queue, MaxConns and the pool, as WithLock), which, once granted,
+// becomes a holder connection. On error nothing is held or pinned.
+func (l *Locker) acquireHeld(ctx context.Context, h *Lock, ks []keys.Key, opts *Options, try bool) error {
+	a := h.a
+	a.shared = opts.shared()
+	a.op = opName(sessionOp(try), a.shared)
+	if err := a.s.init(ks, l.cfg.MaxKeys); err != nil {
+		return &LockError{Op: a.op, Keys: ks, Err: err}
+	}
+	a.span = &a.sp
+	l.initSpan(a.span, ctx, ScopeSession, a.s.all, a.shared, try)
+	err := l.acquireHeldTraced(ctx, h, opts, try)
+	if err != nil {
+		a.span.acquired(err) // success is traced by adopt
+	}
+	return err
+}
+
+func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock, opts *Options, try bool) error {
+	a := h.a
+	wctx, stop := l.waitBound(ctx, opts, try)
+	defer stop()
+	if !try && l.gates.refs(a.s.all[0]) > 0 {
+		return l.waitHeld(ctx, wctx, h) // others of the Locker are in line for the key
+	}
+	for range pickTries {
+		hc := l.pick(h)
+		if hc == nil {
+			break
+		}
+		err := hc.tryOn(ctx, wctx, h, false)
+		switch {
+		case errors.Is(err, errGone):
+			continue // retired or lost meanwhile: pick again
+		case err == nil || try || !errors.Is(err, ErrNotAcquired):
+			return err
+		}
+		return l.waitHeld(ctx, wctx, h) // busy: wait on a connection of its own
+	}
+	if !try {
+		return l.waitHeld(ctx, wctx, h)
+	}
+	// No holder connection can take the keys: a new one.
+	for retried := false; ; retried = true {
+		var c *pooltx.Conn
+		var err error
+		if !retried {
+			c, err = l.conn(wctx)
+		} else {
+			c, err = l.livePin(wctx) // a connection it has just pinged
+		}
+		if err != nil {
+			return &LockError{Op: a.op, Keys: a.s.all, Err: classify(ctx, err)}
+		}
+		if err := l.checkProxy(ctx, c, a.op, a.s.all); err != nil {
+			l.unpin(c)
+			return err
+		}
+		hc := l.newHolder(ctx, c, h)
+		err = hc.tryOn(ctx, wctx, h, true)
+		if !errors.Is(err, errGone) {
+			return err
+		}
+		if retried {
+			return err.(chain)[1]
+		}
+		// A pooled connection found dead before anything was locked (see
+		// diedIdle): once more on another.
+	}
+}
+
+// waitHeld takes h's keys by a wait on a connection of its own (as
+// WithLock does) and makes that connection a holder connection.
+func (l *Locker) waitHeld(ctx, wctx context.Context, h *Lock) error {
+	a := h.a
+	if err := l.acquireSessionWithin(ctx, wctx, a, a.op, a.shared, false); err != nil {
+		return err
+	}
+	hc := l.newHolder(ctx, a.c, h)
+	a.c = nil // hc's now
+	hc.adopt(h)
+	hc.give()
+	return nil
+}
