@@ -35,8 +35,9 @@ import (
 //     of 10 each; the most backends one process has;
 //   - try+unlock: paired TryLock+Unlock cycles, uncontended, dedicated
 //     against multiplexed, alone and with 10 other keys held by the Locker;
-//   - hand-off: Lock on a key held by the same Locker, dedicated against
-//     multiplexed: from the holder's Unlock to the waiter's grant.
+//   - hand-off: Lock on a key held by another Locker (each holding other
+//     keys too), dedicated against multiplexed: from the holder's Unlock to
+//     the waiter's grant.
 
 // Modes of a held-locks Locker.
 const (
@@ -81,13 +82,13 @@ type HeldPoint struct {
 // HeldHandoff is the hand-off latency of one mode.
 type HeldHandoff struct {
 	Mode        string  `json:"mode"`
-	Background  int     `json:"background_keys_held"`
-	Handoff     Dist    `json:"handoff"` // the holder's Unlock call to the waiter's Lock return
-	Unlock      Dist    `json:"unlock"`  // the holder's Unlock call
-	PairedRatio float64 `json:"paired_ratio_vs_dedicated"`
+	Background  int     `json:"background_keys_held"`          // by each of the two Lockers
+	Handoff     Dist    `json:"handoff"`                       // the holder's Unlock call to the waiter's Lock return
+	Unlock      Dist    `json:"unlock"`                        // the holder's Unlock call
+	PairedRatio float64 `json:"paired_ratio_vs_dedicated"`     // median of per-slice mean ratios
+	PairedP50   float64 `json:"paired_p50_ratio_vs_dedicated"` // median of per-slice p50 ratios
 	Errors      int     `json:"errors"`
 	FirstError  string  `json:"first_error,omitempty"`
-	rounds      []float64
 }
 
 // heldCounts are H of the points workload.
@@ -326,11 +327,15 @@ func (s *Suite) runHeldTryUnlock(ctx context.Context, _ *pgxpool.Pool) error {
 	return err
 }
 
-// runHeldHandoff: a Locker with heldBackground other keys held; a goroutine
-// holds key K (Lock); another calls Lock(K) and, once pg_locks shows it
-// waiting on the server, the holder unlocks; the hand-off is from the Unlock
-// call to the waiter's return, and the waiter is the next holder. The modes
-// alternate in slices of n hand-offs.
+// runHeldHandoff: two Lockers in one mode, each on its own pool and holding
+// heldBackground other keys (two replicas whose holders share connections
+// when multiplexed); one holds key K (Lock), the other calls Lock(K) and, once
+// pg_locks shows it waiting on the server, the holder unlocks. The hand-off is
+// from the Unlock call to the waiter's return; the waiter is the next holder,
+// and the Lockers swap roles. Across Lockers the waiter always waits on the
+// server, whatever a Locker does with its own waiters (its local queue, or
+// issue 22's holder connections). The modes alternate in slices of n
+// hand-offs.
 func (s *Suite) runHeldHandoff(ctx context.Context, mon *pgxpool.Pool) error {
 	if !s.want("held", "handoff") {
 		return nil
@@ -341,13 +346,16 @@ func (s *Suite) runHeldHandoff(ctx context.Context, mon *pgxpool.Pool) error {
 		rounds, n = 2, 10
 	}
 	type run struct {
-		res  *HeldHandoff
-		l    *advisory.Locker
-		bg   []*advisory.Lock
-		h    *advisory.Lock
-		key  int64
-		hand []time.Duration
-		unl  []time.Duration
+		res    *HeldHandoff
+		ls     [2]*advisory.Locker
+		bg     []*advisory.Lock
+		h      *advisory.Lock // held by ls[cur]
+		cur    int
+		key    int64
+		hand   []time.Duration
+		unl    []time.Duration
+		rounds []float64 // mean hand-off per slice
+		p50s   []float64 // p50 hand-off per slice
 	}
 	var (
 		runs   []*run
@@ -367,30 +375,27 @@ func (s *Suite) runHeldHandoff(ctx context.Context, mon *pgxpool.Pool) error {
 		}
 	}()
 	for mi, mode := range []string{modeDedicated, modeMultiplexed} {
-		l, closeFn, err := newLocker(ctx, &s.env, Spec{PoolSize: heldBackground + 4}, heldConfig(mode))
-		if err != nil {
-			return err
-		}
-		closes = append(closes, closeFn)
-		r := &run{res: &HeldHandoff{Mode: mode, Background: heldBackground}, l: l,
-			key: s.env.KeyBase + 3_500_000 + int64(mi)*1000}
+		r := &run{res: &HeldHandoff{Mode: mode, Background: heldBackground}, key: s.env.KeyBase + 3_500_000 + int64(mi)*1000}
 		runs = append(runs, r)
 		s.res.Held.Handoff = append(s.res.Held.Handoff, r.res)
-		for i := range heldBackground {
-			b, err := l.TryLock(ctx, keys.Int64(r.key+1+int64(i)), nil)
+		for li := range r.ls {
+			l, closeFn, err := newLocker(ctx, &s.env, Spec{PoolSize: heldBackground + 4}, heldConfig(mode))
 			if err != nil {
-				return fmt.Errorf("hand-off %s: background key: %w", mode, err)
+				return err
 			}
-			r.bg = append(r.bg, b)
+			closes = append(closes, closeFn)
+			r.ls[li] = l
+			for i := range heldBackground {
+				b, err := l.TryLock(ctx, keys.Int64(r.key+1+int64(li*heldBackground+i)), nil)
+				if err != nil {
+					return fmt.Errorf("hand-off %s: background key: %w", mode, err)
+				}
+				r.bg = append(r.bg, b)
+			}
 		}
-		if r.h, err = l.Lock(ctx, keys.Int64(r.key), nil); err != nil {
+		var err error
+		if r.h, err = r.ls[0].Lock(ctx, keys.Int64(r.key), nil); err != nil {
 			return fmt.Errorf("hand-off %s: %w", mode, err)
-		}
-	}
-	fail := func(r *run, err error) {
-		r.res.Errors++
-		if r.res.FirstError == "" {
-			r.res.FirstError = err.Error()
 		}
 	}
 	type granted struct {
@@ -398,54 +403,57 @@ func (s *Suite) runHeldHandoff(ctx context.Context, mon *pgxpool.Pool) error {
 		at  time.Time
 		err error
 	}
+	k := func(r *run) keys.Key { return keys.Int64(r.key) }
 	for round := range rounds {
 		for i := range runs {
 			r := runs[i]
 			if round%2 == 1 {
 				r = runs[len(runs)-1-i]
 			}
-			var sum time.Duration
-			cnt := 0
+			n0 := len(r.hand)
 			for range n {
-				k := keys.Int64(r.key)
+				waiter := r.ls[1-r.cur]
 				ch := make(chan granted, 1)
-				go func() {
-					h, err := r.l.Lock(ctx, k, nil)
+				go func() { // owned: received below on every path
+					h, err := waiter.Lock(ctx, k(r), nil)
 					ch <- granted{h, time.Now(), err}
 				}()
-				if err := waitServerWaiter(ctx, mon, k); err != nil {
+				if err := waitServerWaiter(ctx, mon, k(r)); err != nil {
 					_ = r.h.Unlock(context.WithoutCancel(ctx)) // let the waiter through before giving up
-					r.h = (<-ch).h
+					g := <-ch
+					r.h, r.cur = g.h, 1-r.cur
 					return err
 				}
 				u0 := time.Now()
 				uerr := r.h.Unlock(ctx)
 				u1 := time.Now()
 				g := <-ch
-				if uerr != nil || g.err != nil {
-					fail(r, errors.Join(uerr, g.err))
-					r.h = g.h
-					if g.err != nil {
-						return fmt.Errorf("hand-off %s: %w", r.res.Mode, g.err)
+				r.h, r.cur = g.h, 1-r.cur
+				if g.err != nil {
+					return fmt.Errorf("hand-off %s: %w", r.res.Mode, g.err)
+				}
+				if uerr != nil {
+					r.res.Errors++
+					if r.res.FirstError == "" {
+						r.res.FirstError = uerr.Error()
 					}
 					continue
 				}
-				r.h = g.h
 				d := g.at.Sub(u0)
 				r.hand = append(r.hand, d)
 				r.unl = append(r.unl, u1.Sub(u0))
-				sum += d
-				cnt++
 			}
-			if cnt > 0 {
-				r.res.rounds = append(r.res.rounds, float64(sum)/float64(cnt))
+			if len(r.hand) > n0 {
+				d := summarize(r.hand[n0:])
+				r.rounds, r.p50s = append(r.rounds, d.Mean), append(r.p50s, d.P50)
 			}
 		}
 	}
 	for _, r := range runs {
 		r.res.Handoff = summarize(r.hand)
 		r.res.Unlock = summarize(r.unl)
-		r.res.PairedRatio = pairedRatio(r.res.rounds, runs[0].res.rounds)
+		r.res.PairedRatio = pairedRatio(r.rounds, runs[0].rounds)
+		r.res.PairedP50 = pairedRatio(r.p50s, runs[0].p50s)
 	}
 	s.logf("held hand-off (%v)", time.Since(t0).Round(time.Millisecond))
 	return nil
@@ -520,26 +528,26 @@ func heldMarkdown(b *strings.Builder, h *HeldResults) {
 	}
 	if len(h.TryUnlock) > 0 {
 		p("\n### TryLock+Unlock uncontended (ratios against %s)\n\n", h.TryUnlock[0].Baseline)
-		p("| contender | calls/s | mean | p50 | p99 | x mean (paired) | x p50 | round trips | allocs | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		p("| contender | calls/s | mean | p50 | p99 | x mean (paired) | x p50 (paired) | x p50 | round trips | allocs | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, r := range h.TryUnlock {
 			if r.Unavailable != "" {
 				p("| %s | unavailable: %s |||||||||\n", r.Row, oneLine(r.Unavailable))
 				continue
 			}
-			p("| %s | %.0f | %s | %s | %s | %s | %s | %.2f | %.0f | %d |\n", r.Row, r.OpsPerSec, fmtUS(r.Lat.Mean), fmtUS(r.Lat.P50),
-				fmtUS(r.Lat.P99), fmtX(r.PairedRatio), fmtX(r.P50Ratio), r.RTPerOp, r.AllocsPerOp, r.Errors)
+			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.0f | %d |\n", r.Row, r.OpsPerSec, fmtUS(r.Lat.Mean), fmtUS(r.Lat.P50),
+				fmtUS(r.Lat.P99), fmtX(r.PairedRatio), fmtX(r.PairedP50), fmtX(r.P50Ratio), r.RTPerOp, r.AllocsPerOp, r.Errors)
 		}
-		if len(h.TryUnlock) == 4 && h.TryUnlock[2].PairedRatio > 0 {
-			p("\nMultiplexed against dedicated (paired): alone %s, with %d keys held %s.\n", fmtX(h.TryUnlock[1].PairedRatio),
-				heldBackground, fmtX(h.TryUnlock[3].PairedRatio/h.TryUnlock[2].PairedRatio))
+		if t := h.TryUnlock; len(t) == 4 && t[2].PairedRatio > 0 && t[2].PairedP50 > 0 {
+			p("\nMultiplexed against dedicated (paired mean; paired p50): alone %s; %s, with %d keys held %s; %s.\n",
+				fmtX(t[1].PairedRatio), fmtX(t[1].PairedP50), heldBackground, fmtX(t[3].PairedRatio/t[2].PairedRatio), fmtX(t[3].PairedP50/t[2].PairedP50))
 		}
 	}
 	if len(h.Handoff) > 0 {
-		p("\n### Lock on a busy key: hand-off within one Locker holding %d other keys\n\n", heldBackground)
-		p("| mode | hand-offs | hand-off mean | p50 | p99 | x mean (paired) | holder's Unlock p50 | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		p("\n### Lock on a busy key: hand-off between two Lockers (replicas), each holding %d other keys\n\n", heldBackground)
+		p("| mode | hand-offs | hand-off mean | p50 | p99 | x mean (paired) | x p50 (paired) | holder's Unlock p50 | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, r := range h.Handoff {
-			p("| %s | %d | %s | %s | %s | %s | %s | %d |\n", r.Mode, r.Handoff.N, fmtUS(r.Handoff.Mean), fmtUS(r.Handoff.P50),
-				fmtUS(r.Handoff.P99), fmtX(r.PairedRatio), fmtUS(r.Unlock.P50), r.Errors)
+			p("| %s | %d | %s | %s | %s | %s | %s | %s | %d |\n", r.Mode, r.Handoff.N, fmtUS(r.Handoff.Mean), fmtUS(r.Handoff.P50),
+				fmtUS(r.Handoff.P99), fmtX(r.PairedRatio), fmtX(r.PairedP50), fmtUS(r.Unlock.P50), r.Errors)
 		}
 	}
 	for _, f := range h.Plots {

@@ -53,6 +53,7 @@ type UncontendedResult struct {
 	MeanRatio   float64 `json:"mean_ratio_vs_baseline"`
 	P50Ratio    float64 `json:"p50_ratio_vs_baseline"`
 	PairedRatio float64 `json:"paired_mean_ratio_vs_baseline"` // median of per-round mean ratios
+	PairedP50   float64 `json:"paired_p50_ratio_vs_baseline"`  // median of per-round p50 ratios (less swayed by a loaded machine's outliers)
 	P99Ratio    float64 `json:"p99_ratio_vs_baseline"`
 	Baseline    string  `json:"baseline"`
 }
@@ -96,6 +97,7 @@ type ucRun struct {
 	lat     []time.Duration
 	busy    time.Duration
 	rounds  []float64 // mean latency per round
+	p50s    []float64 // p50 latency per round
 }
 
 func (s *Suite) runUncontended(ctx context.Context) error {
@@ -172,7 +174,8 @@ func (s *Suite) measureUncontended(ctx context.Context, gi int, g ucGroup) ([]*U
 				r.call(ctx, true)
 			}
 			r.busy += time.Since(t0)
-			r.rounds = append(r.rounds, summarize(r.lat[n0:]).Mean)
+			d := summarize(r.lat[n0:])
+			r.rounds, r.p50s = append(r.rounds, d.Mean), append(r.p50s, d.P50)
 		}
 	}
 	for _, r := range runs {
@@ -201,14 +204,15 @@ func (s *Suite) measureUncontended(ctx context.Context, gi int, g ucGroup) ([]*U
 		}
 	}
 	if baseline != nil {
-		var base []float64
+		var base, baseP50 []float64
 		for _, r := range runs {
 			if r.res == baseline {
-				base = r.rounds
+				base, baseP50 = r.rounds, r.p50s
 			}
 		}
 		for _, r := range runs {
 			r.res.PairedRatio = pairedRatio(r.rounds, base)
+			r.res.PairedP50 = pairedRatio(r.p50s, baseP50)
 			r.res.MeanRatio = ratio(r.res.Lat.Mean, baseline.Lat.Mean)
 			r.res.P50Ratio = ratio(r.res.Lat.P50, baseline.Lat.P50)
 			r.res.P99Ratio = ratio(r.res.Lat.P99, baseline.Lat.P99)
