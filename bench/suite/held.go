@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgxlock/pgxlock/advisory"
-	"github.com/pgxlock/pgxlock/bench/internal/rt"
 	"github.com/pgxlock/pgxlock/keys"
 )
 
@@ -194,17 +193,15 @@ func (s *Suite) runHeldPoints(ctx context.Context, mon *pgxpool.Pool) error {
 	return nil
 }
 
-// heldPool opens a pool of size conns whose backends carry app.
-func heldPoolFor(ctx context.Context, e *Env, size int, app string, c *rt.Counter) (*pgxpool.Pool, error) {
+// heldPoolFor opens a pool of size connections whose backends carry app as
+// their application_name.
+func heldPoolFor(ctx context.Context, e *Env, size int, app string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(e.DSN)
 	if err != nil {
 		return nil, err
 	}
 	cfg.MaxConns = int32(size)
 	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	if c != nil {
-		cfg.ConnConfig.DialFunc = c.DialFunc
-	}
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
@@ -213,7 +210,7 @@ func heldPoolFor(ctx context.Context, e *Env, size int, app string, c *rt.Counte
 // releases them.
 func (s *Suite) heldPoint(ctx context.Context, mon *pgxpool.Pool, mode string, h, pool int, base int64, app string) (*HeldPoint, error) {
 	r := &HeldPoint{Mode: mode, Held: h, Pool: pool}
-	p, err := heldPoolFor(ctx, &s.env, pool, app, nil)
+	p, err := heldPoolFor(ctx, &s.env, pool, app)
 	if err != nil {
 		return nil, err
 	}

@@ -78,7 +78,7 @@ func heldChildMain() {
 		os.Exit(0)
 	}
 	ctx := context.Background()
-	pool, err := heldPoolFor(ctx, &Env{DSN: sp.DSN}, sp.Pool, sp.App, nil)
+	pool, err := heldPoolFor(ctx, &Env{DSN: sp.DSN}, sp.Pool, sp.App)
 	if err != nil {
 		_ = out.Encode(heldChildReport{Err: err.Error()})
 		os.Exit(0)
