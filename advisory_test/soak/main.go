@@ -37,6 +37,18 @@
 // (internal/pglaunch). With -dsn it uses an existing server; restart and failover are
 // then off.
 //
+// # Multiplexing
+//
+// -multiplexing says how the workers' Lockers hold their locks: off (the default, and the
+// mode of every run before issue 22) builds them with advisory.Config{DisableMultiplexing:
+// true}, so every held lock has a pooled connection of its own; on leaves the field at its
+// default, so held locks (Lock, TryLock, Hold, TryHold) share holder connections; mixed
+// gives even-numbered workers on and odd-numbered ones off, so both forms contend for the
+// same keys. WithLock and the transaction forms are dedicated in every mode. The history
+// is recorded and checked the same way in all three, and every fault kind applies: a
+// terminated holder connection loses every lock on it, each recorded as a Lost by its
+// own goroutine.
+//
 // It prints acquisitions/s, faults by kind, losses (ErrLockLost) and errors by class
 // every -report and at the end, then the checker's verdict. The exit code is 0 only if
 // the history is linearizable. The run stops by itself: after -duration the workers are
@@ -97,6 +109,7 @@ type config struct {
 	HTML       string // where the visualisation goes on failure; "" means a file in os.TempDir
 	Verbose    bool   // print the workers' stderr at the end
 	Keep       bool   // keep the workers' histories (JSON lines) and print where
+	Mux        muxMode
 }
 
 func defaultConfig() config {
@@ -125,5 +138,36 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.CheckLimit, "check-timeout", c.CheckLimit, "bound on the linearizability check")
 	fs.BoolVar(&c.Verbose, "v", false, "print the workers' diagnostics (first errors of unexpected classes) at the end")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the workers' recorded histories (JSON lines, internal/history) and print their directory")
+	fs.Var(&c.Mux, "multiplexing", "how the workers hold locks: off (DisableMultiplexing: a connection per held lock), on (the Config default: shared holder connections) or mixed (even workers on, odd off)")
 	fs.StringVar(&c.HTML, "html", "", "file for porcupine's visualisation if the check fails (default: a new file in the temp dir)")
+}
+
+// muxMode is the -multiplexing flag.
+type muxMode string
+
+const (
+	muxOff   muxMode = "off"
+	muxOn    muxMode = "on"
+	muxMixed muxMode = "mixed"
+)
+
+func (m *muxMode) String() string {
+	if *m == "" {
+		return string(muxOff)
+	}
+	return string(*m)
+}
+
+func (m *muxMode) Set(s string) error {
+	switch muxMode(s) {
+	case muxOff, muxOn, muxMixed:
+		*m = muxMode(s)
+		return nil
+	}
+	return fmt.Errorf("unknown multiplexing mode %q (off, on, mixed)", s)
+}
+
+// multiplexed reports whether worker i runs with multiplexing on.
+func (m muxMode) multiplexed(i int) bool {
+	return m == muxOn || (m == muxMixed && i%2 == 0)
 }

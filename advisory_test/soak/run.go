@@ -179,7 +179,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (*result, error) {
 			Index: i, DSN: db.dsn, LockHosts: hosts(true), ObsHosts: hosts(false), ReadWrite: readWrite,
 			App: lockApp(i), Keys: keys, Goroutines: cfg.Goroutines,
 			Journal: filepath.Join(tmp, fmt.Sprintf("worker%d.jsonl", i)), Seed: mrand.Uint64(),
-			OpTimeout: cfg.OpTimeout, Heartbeat: cfg.Heartbeat,
+			OpTimeout: cfg.OpTimeout, Heartbeat: cfg.Heartbeat, Multiplexed: cfg.Mux.multiplexed(i),
 		}
 		journals = append(journals, spec.Journal)
 		w, err := startWorker(exe, spec, st)
@@ -188,8 +188,8 @@ func run(ctx context.Context, cfg config, out io.Writer) (*result, error) {
 		}
 		workers = append(workers, w)
 	}
-	fmt.Fprintf(out, "soak: %d processes x %d goroutines on %d keys for %v; faults every ~%v: %s\n",
-		cfg.Procs, cfg.Goroutines, cfg.Keys, cfg.Duration, cfg.FaultEvery, strings.Join(faults, ", "))
+	fmt.Fprintf(out, "soak: %d processes x %d goroutines on %d keys for %v, multiplexing %s; faults every ~%v: %s\n",
+		cfg.Procs, cfg.Goroutines, cfg.Keys, cfg.Duration, cfg.Mux.String(), cfg.FaultEvery, strings.Join(faults, ", "))
 
 	// Faults and progress until the duration is over.
 	var lockProxies []*tcpproxy.Proxy

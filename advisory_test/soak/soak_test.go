@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -27,13 +29,22 @@ func TestMain(m *testing.M) {
 // enabled kind was injected at least once, and the merged history of 3 processes is
 // linearizable. With PGXLOCK_TEST_DATABASE it runs against that server (-dsn: no restart,
 // no failover); without, on a throwaway primary and standby of its own, with restart and
-// failover too.
-func TestSoakShort(t *testing.T) {
+// failover too. Its workers hold every lock on a connection of its own
+// (DisableMultiplexing), the soak's mode before issue 22.
+func TestSoakShort(t *testing.T) { soakShort(t, muxOff) }
+
+// TestSoakShort with multiplexing on (-multiplexing on): the workers' Lockers are built
+// with the Config default, so their handles and Holds share holder connections (once
+// the advisory package multiplexes; until then it runs as TestSoakShort does).
+func TestSoakShortMultiplexed(t *testing.T) { soakShort(t, muxOn) }
+
+func soakShort(t *testing.T, mux muxMode) {
 	cfg := defaultConfig()
 	cfg.Procs, cfg.Goroutines, cfg.Duration, cfg.MinEach = 3, 4, 4*time.Second, 1
 	cfg.FaultEvery, cfg.Report = 300*time.Millisecond, 2*time.Second
 	cfg.CheckLimit, cfg.OpTimeout = 20*time.Second, 5*time.Second
 	cfg.Standby = true
+	cfg.Mux = mux
 	want := []string{faultTerminate, faultCancel, faultNetcut, faultRestart, faultFailover}
 	if os.Getenv("PGXLOCK_TEST_DATABASE") != "" {
 		cfg.DSN, cfg.Standby = pgtest.DSN(t), false
@@ -53,6 +64,33 @@ func TestSoakShort(t *testing.T) {
 	assert.Positive(t, res.Acquired)
 	assert.Zero(t, res.Killed)
 	assert.Equal(t, verdictOK, res.Verdict, "visualisation: %s", res.HTML)
+}
+
+// The -multiplexing flag: off by default (the mode of every earlier run), on for every
+// worker, mixed for the even-numbered ones; anything else is refused.
+func TestMultiplexingFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want []bool // workers 0..3 multiplexed
+	}{
+		{nil, []bool{false, false, false, false}},
+		{[]string{"-multiplexing", "off"}, []bool{false, false, false, false}},
+		{[]string{"-multiplexing", "on"}, []bool{true, true, true, true}},
+		{[]string{"-multiplexing", "mixed"}, []bool{true, false, true, false}},
+	} {
+		cfg := defaultConfig()
+		fs := flag.NewFlagSet("soak", flag.ContinueOnError)
+		cfg.flags(fs)
+		require.NoError(t, fs.Parse(c.args))
+		for i, want := range c.want {
+			assert.Equal(t, want, cfg.Mux.multiplexed(i), "%v: worker %d", c.args, i)
+		}
+	}
+	cfg := defaultConfig()
+	fs := flag.NewFlagSet("soak", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	cfg.flags(fs)
+	assert.Error(t, fs.Parse([]string{"-multiplexing", "yes"}))
 }
 
 // The check fails a history in which two clients held one key exclusively at once, and

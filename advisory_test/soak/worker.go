@@ -42,6 +42,9 @@ type workerSpec struct {
 	Seed       uint64        // random choices
 	OpTimeout  time.Duration // bounds one operation (acquire, section, release)
 	Heartbeat  time.Duration // advisory Config.HeartbeatInterval and HeartbeatTimeout
+	// Multiplexed leaves advisory Config.DisableMultiplexing at its default (held locks
+	// share holder connections); false sets it (a connection per held lock).
+	Multiplexed bool
 }
 
 // workerStats are a worker's cumulative counters, printed as one JSON line on stdout
@@ -99,7 +102,8 @@ func runWorker(spec workerSpec) error {
 		return err
 	}
 	defer obs.Close()
-	l, err := advisory.New(pool, advisory.Config{HeartbeatInterval: spec.Heartbeat, HeartbeatTimeout: spec.Heartbeat})
+	l, err := advisory.New(pool, advisory.Config{HeartbeatInterval: spec.Heartbeat, HeartbeatTimeout: spec.Heartbeat,
+		DisableMultiplexing: !spec.Multiplexed})
 	if err != nil {
 		return err
 	}

@@ -53,6 +53,10 @@ func colorOf(impl string) color.Color {
 		return color.RGBA{R: 0x30, G: 0x90, B: 0x30, A: 0xff}
 	case "etcd":
 		return color.RGBA{R: 0x90, G: 0x40, B: 0xa0, A: 0xff}
+	case modeDedicated: // the held section's modes
+		return color.RGBA{R: 0xd0, G: 0x40, B: 0x20, A: 0xff}
+	case modeMultiplexed:
+		return color.RGBA{R: 0x1f, G: 0x5f, B: 0xbf, A: 0xff}
 	}
 	return color.Gray{Y: 0x60}
 }
@@ -210,4 +214,50 @@ func drawScalingPlots(dir string, sc *ScalingResults) ([]string, error) {
 		}
 	}
 	return files, nil
+}
+
+// drawHeldPlot writes the held section's plot: the Locker's backends against
+// the handles asked for, one line per mode and pool, log-log.
+func drawHeldPlot(dir string, h *HeldResults) ([]string, error) {
+	if h == nil || len(h.Points) == 0 {
+		return nil, nil
+	}
+	var ss seriesSet
+	mode := map[string]string{}
+	hi, maxH := 1.0, 1
+	for _, r := range h.Points {
+		if r.Skipped != "" || r.Backends <= 0 {
+			continue
+		}
+		pool := fmt.Sprintf("pool %d", heldPool)
+		if r.Pool != heldPool {
+			pool = "pool H+2"
+		}
+		name := fmt.Sprintf("%s, %s", r.Mode, pool)
+		if r.Mode == modeMultiplexed {
+			name += " (Config default)"
+		}
+		mode[name] = r.Mode
+		ss.add(name, r.Pool != heldPool, float64(r.Held), float64(r.Backends))
+		hi, maxH = math.Max(hi, float64(r.Backends)), max(maxH, r.Held)
+	}
+	if len(ss.order) == 0 {
+		return nil, nil
+	}
+	p := plot.New()
+	p.Title.Text = "Connections needed vs locks held by one process (TryLock handles on distinct keys)"
+	p.X.Label.Text = "locks held at once (asked; a dedicated point that fails holds fewer: see the table) (log)"
+	p.Y.Label.Text = "the Locker's backends in pg_stat_activity (log)"
+	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	p.X.Tick.Marker = logTicks(1, float64(maxH))
+	p.Y.Tick.Marker = logTicks(1, hi)
+	if err := drawSeries(p, &ss, func(n string) string { return mode[n] }); err != nil {
+		return nil, err
+	}
+	p.Y.Min, p.Y.Max = 1, hi*8 // room for the legend
+	name := "held-connections.png"
+	if err := p.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, name)); err != nil {
+		return nil, err
+	}
+	return []string{name}, nil
 }

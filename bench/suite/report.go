@@ -234,6 +234,7 @@ func Markdown(res *Results) string {
 		}
 	}
 	scalingMarkdown(&b, res.Scaling)
+	heldMarkdown(&b, res.Held)
 	return b.String()
 }
 

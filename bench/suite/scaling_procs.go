@@ -138,10 +138,11 @@ func mapShared(path string, n int) ([]sharedKey, func(), error) {
 }
 
 // ChildMain runs a scaling child and exits when this process was started as
-// one by the processes workload (an environment variable carries its
+// one by the processes workload of the scaling or of the held section (an environment variable carries its
 // spec); otherwise it returns at once. Call it first in main (and in
 // TestMain of a test binary that runs the suite).
 func ChildMain() {
+	heldChildMain() // the held section's children (held_procs.go)
 	spec := os.Getenv(childEnvVar)
 	if spec == "" {
 		return

@@ -32,7 +32,7 @@ type Config struct {
 	// Poll is the retry interval of the polling peers. Zero: 5 ms.
 	Poll time.Duration
 	// Only, when non-empty, selects workloads: each entry is a section
-	// ("uncontended", "contention", "fairness", "unrelated", "scaling"), optionally
+	// ("uncontended", "contention", "fairness", "unrelated", "scaling", "held"), optionally
 	// followed by ":" and a substring of a group or configuration name.
 	Only []string
 	// NoPeers skips Redis and etcd (no servers are looked for or started).
@@ -89,6 +89,7 @@ type Results struct {
 	Contention  []*ContentionResult  `json:"contention"`
 	Unrelated   []*UnrelatedResult   `json:"unrelated"`
 	Scaling     *ScalingResults      `json:"scaling,omitempty"`
+	Held        *HeldResults         `json:"held,omitempty"`
 	Targets     []Target             `json:"targets"`
 }
 
@@ -126,7 +127,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	defer stop()
 	s.res.Meta.LoadBefore = loadAvg()
-	for _, step := range []func(context.Context) error{s.runUncontended, s.runContention, s.runFairness, s.runUnrelated, s.runScaling} {
+	for _, step := range []func(context.Context) error{s.runUncontended, s.runContention, s.runFairness, s.runUnrelated, s.runScaling, s.runHeld} {
 		if err := step(ctx); err != nil {
 			return s.res, err
 		}

@@ -38,11 +38,14 @@ type helperSpec struct {
 	Ledger   string // quoted table name
 	Proc     string
 	Election string
-	Job      string // Locker mode: the job's name (Election is empty)
+	Job      string   // Locker mode: the job's name (Election is empty)
+	Jobs     []string // fleet mode (fleetChild): the jobs' names
+	PoolSize int      // fleet mode: the pool's MaxConns
 }
 
 // TestHelperProcess is not a test: it is the body of the child processes
-// of TestProcessesElectorSIGKILL, run when helperEnv is set: a gocron
+// of TestProcessesElectorSIGKILL (and, with Job or Jobs set, of the Locker
+// tests' children: lockerChild, fleetChild), run when helperEnv is set: a gocron
 // scheduler with an Elector, running a job every 200 ms that records itself
 // in the ledger, until its stdin closes.
 func TestHelperProcess(t *testing.T) {
@@ -52,6 +55,10 @@ func TestHelperProcess(t *testing.T) {
 	}
 	var spec helperSpec
 	require.NoError(t, json.Unmarshal([]byte(raw), &spec))
+	if len(spec.Jobs) > 0 {
+		fleetChild(t, spec)
+		return
+	}
 	if spec.Job != "" {
 		lockerChild(t, spec)
 		return

@@ -31,7 +31,7 @@ func main() {
 		quick   = flag.Bool("quick", false, "shrink every duration for a smoke run (< 60 s)")
 		out     = flag.String("out", "", "directory for results.json and results.md (default results/<UTC time>)")
 		poll    = flag.Duration("poll", 5*time.Millisecond, "retry interval of the polling peers")
-		only    = flag.String("only", "", "comma-separated sections to run: uncontended, contention, fairness, unrelated, scaling (section:substring selects by name)")
+		only    = flag.String("only", "", "comma-separated sections to run: uncontended, contention, fairness, unrelated, scaling, held (section:substring selects by name)")
 		noPeers = flag.Bool("no-peers", false, "skip Redis and etcd")
 	)
 	flag.Parse()
