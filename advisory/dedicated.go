@@ -14,6 +14,7 @@ type dedicated struct {
 	// Under the Lock's mu:
 	waiting  bool // the watcher is parked in a read with a deadline we may cut short
 	stopping bool
+	lost     bool // the watcher has destroyed the connection and is marking the loss
 
 	watchCtx   context.Context // the acquisition's values, never cancelled
 	watchStart *time.Timer     // starts the watcher (see watchDelay)
@@ -29,6 +30,12 @@ func (d *dedicated) start(ctx context.Context, h *Lock) {
 
 func (d *dedicated) release(ctx context.Context, h *Lock) error {
 	h.mu.Lock()
+	if d.lost {
+		// The watcher is marking the loss, and may be running this Unlock
+		// from a LostTracer: waiting for it would wait for ourselves.
+		h.mu.Unlock()
+		return h.lostErr()
+	}
 	d.stopping = true
 	if d.waiting {
 		// Cut the watcher's read short; it resets the deadline itself.
@@ -57,6 +64,9 @@ func (d *dedicated) lose(h *Lock, cause error) {
 	err := &LockError{Op: h.a.op, Keys: h.a.s.all, Err: join(ErrLockLost, cause)}
 	h.a.c.MarkDirty(err)
 	h.l.unpin(h.a.c)
+	h.mu.Lock()
+	d.lost = true
+	h.mu.Unlock()
 	h.markLost(err)
 }
 

@@ -189,6 +189,17 @@ func (h *Lock) Unlock(ctx context.Context) error {
 	return err
 }
 
+// lostErr is what Unlock returns for a lock whose holder connection was
+// lost: the loss recorded by markLost, or, while the loss is still being
+// marked (a LostTracer that unlocks runs before the loss is recorded), an
+// error matching ErrLockLost.
+func (h *Lock) lostErr() error {
+	if err := h.Err(); err != nil && err != ErrUnlocked {
+		return err
+	}
+	return &LockError{Op: opName(kindUnlock, h.a.shared), Keys: h.a.s.all, Err: ErrLockLost}
+}
+
 // markLost records err (matching ErrLockLost) as the lock's loss, traces it
 // and closes Done, unless the lock has ended already. It reports whether it
 // did.

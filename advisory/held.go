@@ -63,8 +63,11 @@ func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock, opts *Options, 
 	if !try {
 		return l.waitHeld(ctx, wctx, h)
 	}
-	// No holder connection can take the keys: a new one.
+	// No holder connection can take the keys: a new one, which the calls
+	// that come while it connects share (they pick it and wait for its
+	// turn) rather than each opening one.
 	for retried := false; ; retried = true {
+		hc := l.openHolder(h)
 		var c *pooltx.Conn
 		var err error
 		if !retried {
@@ -73,13 +76,15 @@ func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock, opts *Options, 
 			c, err = l.livePin(wctx) // a connection it has just pinged
 		}
 		if err != nil {
+			hc.abandon()
 			return &LockError{Op: a.op, Keys: a.s.all, Err: classify(ctx, err)}
 		}
 		if err := l.checkProxy(ctx, c, a.op, a.s.all); err != nil {
+			hc.abandon()
 			l.unpin(c)
 			return err
 		}
-		hc := l.newHolder(ctx, c, h)
+		hc.attach(ctx, c)
 		err = hc.tryOn(ctx, wctx, h, true)
 		if !errors.Is(err, errGone) {
 			return err

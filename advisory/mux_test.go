@@ -578,3 +578,122 @@ func TestGrantedWaiterBecomesASharedHolder(t *testing.T) {
 	require.NoError(t, h1.Unlock(ctx))
 	assert.Zero(t, pool.Stat().AcquiredConns())
 }
+
+// Calls that arrive together on a Locker with no holder connection yet
+// share the one the first of them opens (they wait for its turn) instead
+// of each opening one: 50 TryLocks started at once pin one or two
+// connections, not 50 (contrib/gocron's fleet test saw up to 50 on the
+// first tick before).
+func TestConcurrentFirstTryLocksJoinTheHolderBeingOpened(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	for round := range 3 {
+		pool, app := muxPool(t, 50)
+		l := newLocker(t, pool, advisory.Config{})
+		ks := distinctKeys(t, 50)
+		hs := make([]*advisory.Lock, len(ks))
+		errs := make([]error, len(ks))
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i, k := range ks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				hs[i], errs[i] = l.TryLock(ctx, k, nil)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		for i, err := range errs {
+			require.NoError(t, err, "round %d: TryLock %d", round, i)
+		}
+		held := holderBackends(ctx, t, admin, app)
+		t.Logf("round %d: 50 concurrent first TryLocks on %d holder backends (%d acquired)", round, held, pool.Stat().AcquiredConns())
+		assert.LessOrEqual(t, held, 2, "round %d", round)
+		assert.LessOrEqual(t, pool.Stat().AcquiredConns(), int32(2), "round %d", round)
+		for _, h := range hs {
+			require.NoError(t, h.Unlock(ctx))
+		}
+		assert.Zero(t, pool.Stat().AcquiredConns())
+		pgtest.AssertNoAdvisoryLocks(t, pool)
+	}
+}
+
+// A LostTracer that calls Unlock on the lost lock gets ErrLockLost, for
+// every lock of a shared holder connection, without waiting for the loss
+// that is calling it (it used to wait for the turn the loss held: a
+// deadlock); the dedicated form too.
+
+// unlockOnLoss is a LostTracer that unlocks the lost lock from TraceLost,
+// as an application's "on lost: clean up" hook may.
+type unlockOnLoss struct {
+	mu    sync.Mutex
+	locks map[keys.Key]*advisory.Lock
+	errs  chan error
+}
+
+func (u *unlockOnLoss) TraceAcquireStart(ctx context.Context, _ advisory.TraceAcquireStartData) context.Context {
+	return ctx
+}
+func (u *unlockOnLoss) TraceAcquireEnd(context.Context, advisory.TraceAcquireEndData) {}
+func (u *unlockOnLoss) TraceLost(ctx context.Context, d advisory.TraceLostData) {
+	u.mu.Lock()
+	h := u.locks[d.Keys[0]]
+	u.mu.Unlock()
+	u.errs <- h.Unlock(ctx)
+}
+
+// A LostTracer that calls Unlock on the lost lock of a shared holder
+// connection gets ErrLockLost, for every lock on it, without waiting for
+// the loss that is calling it (it used to wait for the turn the loss held:
+// a deadlock).
+func TestLostTracerMayUnlockASharedLock(t *testing.T) {
+	for _, dedicated := range []bool{false, true} {
+		t.Run(fmt.Sprintf("dedicated=%v", dedicated), func(t *testing.T) { testLostTracerMayUnlock(t, dedicated) })
+	}
+}
+
+func testLostTracerMayUnlock(t *testing.T, dedicated bool) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	u := &unlockOnLoss{locks: map[keys.Key]*advisory.Lock{}, errs: make(chan error, 3)}
+	pool, app := muxPool(t, 4)
+	l := newLocker(t, pool, advisory.Config{Tracer: u, HeartbeatInterval: -1, DisableMultiplexing: dedicated})
+	ks := distinctKeys(t, 3)
+	var hs []*advisory.Lock
+	for _, k := range ks {
+		h, err := l.TryLock(ctx, k, nil)
+		require.NoError(t, err)
+		u.mu.Lock()
+		u.locks[k] = h
+		u.mu.Unlock()
+		hs = append(hs, h)
+	}
+	if dedicated {
+		for _, k := range ks {
+			killBackend(ctx, t, admin, holderPID(ctx, t, admin, k))
+		}
+	} else {
+		require.Equal(t, 1, holderBackends(ctx, t, admin, app))
+		killBackend(ctx, t, admin, holderPID(ctx, t, admin, ks[0]))
+	}
+	for i := range hs {
+		select {
+		case err := <-u.errs:
+			assert.ErrorIs(t, err, advisory.ErrLockLost, "unlock %d from TraceLost", i)
+		case <-time.After(waitBound):
+			t.Fatalf("TraceLost's Unlock %d did not return", i)
+		}
+	}
+	for i, h := range hs {
+		select {
+		case <-h.Done():
+		case <-time.After(waitBound):
+			t.Fatalf("lock %d: Done not closed", i)
+		}
+		assert.ErrorIs(t, h.Err(), advisory.ErrLockLost, "lock %d", i)
+		assert.ErrorIs(t, h.Unlock(ctx), advisory.ErrLockLost, "lock %d", i)
+	}
+	assert.Zero(t, pool.Stat().AcquiredConns())
+}

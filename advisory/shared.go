@@ -96,21 +96,60 @@ func (l *Locker) stmtBound() time.Duration {
 // (pending: its keys are being asked for, or, for a connection that waited
 // for them, granted and about to be adopted). The caller holds its turn.
 func (l *Locker) newHolder(ctx context.Context, c *pooltx.Conn, h *Lock) *holderConn {
+	hc := l.openHolder(h)
+	hc.attach(ctx, c)
+	return hc
+}
+
+// openHolder records h, pending, on a new holder connection that has no
+// connection yet, and puts it in the Locker's set at once: calls that come
+// while the caller, who holds its turn, gets it a connection (attach) pick
+// it and wait for its turn instead of each opening a connection of its
+// own. If no connection comes, the caller abandons it.
+func (l *Locker) openHolder(h *Lock) *holderConn {
 	hc := &holderConn{
-		l: l, c: c,
+		l:      l,
 		turn:   make(fifo, 1),
 		lastOK: time.Now(),
 		inUse:  1,
 	}
-	hc.watchCtx.parent = ctx
 	hc.turn <- struct{}{}
-	hc.watchDone.Add(1)
 	l.holders.mu.Lock()
 	hc.link(h)
 	l.holders.list = append(l.holders.list, hc)
 	l.holders.mu.Unlock()
-	hc.watchStart = time.AfterFunc(watchDelay, hc.watch)
 	return hc
+}
+
+// attach gives hc, opened by openHolder, its connection and starts its
+// watcher; the caller holds the turn (so those waiting for it see c once
+// they have it).
+func (hc *holderConn) attach(ctx context.Context, c *pooltx.Conn) {
+	hc.c = c
+	hc.lastOK = time.Now()
+	hc.watchCtx.parent = ctx
+	hc.watchDone.Add(1)
+	hc.watchStart = time.AfterFunc(watchDelay, hc.watch)
+}
+
+// abandon ends hc, opened by openHolder, that got no connection: it leaves
+// the set, and every lock recorded on it (all pending: h's and those of the
+// calls that picked it meanwhile) is dropped from the record, so that
+// those calls, once they have the turn, find it gone and go elsewhere. The
+// caller holds the turn and passes it on.
+func (hc *holderConn) abandon() {
+	hs := &hc.l.holders
+	hs.mu.Lock()
+	hc.gone = true
+	hs.remove(hc)
+	for h := hc.first; h != nil; {
+		next := h.next
+		h.on, h.prev, h.next = nil, nil, nil
+		h = next
+	}
+	hc.first, hc.index, hc.nkeys = nil, nil, 0
+	hs.mu.Unlock()
+	hc.give()
 }
 
 // pick returns a holder connection whose record has none of h's keys, with
@@ -380,13 +419,22 @@ func (hc *holderConn) undo(ctx context.Context, h *Lock) {
 // release is Unlock for a lock on hc.
 func (hc *holderConn) release(ctx context.Context, h *Lock) error {
 	a := h.a
-	_ = hc.take(context.Background())
-	defer hc.give()
 	hc.l.holders.mu.Lock()
 	mine := h.on == hc
 	hc.l.holders.mu.Unlock()
 	if !mine {
-		return h.Err() // lost: the loss set it before passing the turn on
+		// Lost, or being lost: the loss holds the turn while it marks each
+		// lock, and may be running this Unlock from a LostTracer. Waiting
+		// for the turn would wait for ourselves.
+		return h.lostErr()
+	}
+	_ = hc.take(context.Background())
+	defer hc.give()
+	hc.l.holders.mu.Lock()
+	mine = h.on == hc
+	hc.l.holders.mu.Unlock()
+	if !mine {
+		return h.lostErr() // lost meanwhile
 	}
 	falses, err := hc.run(ctx, &a.s, kindUnlock, a.shared)
 	switch {
