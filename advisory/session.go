@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -131,9 +130,9 @@ func (l *Locker) endLeftTx(ctx context.Context, a *acquired) error {
 	}
 	err := &LockError{Op: opName(kindUnlock, a.shared), Keys: a.s.all,
 		Err: fmt.Errorf("%w (transaction status %q)", ErrCallbackInTx, st)}
-	_, cancel := cleanupBound(ctx, a.c)
+	a.c.BoundCleanup()
 	_, rerr := pg.Exec(context.Background(), "ROLLBACK").ReadAll()
-	cancel()
+	a.c.EndBound()
 	if rerr != nil || pg.TxStatus() != 'I' {
 		a.c.MarkDirty(err) // destroyed after the unlock: that ends the transaction
 	}
@@ -326,8 +325,8 @@ func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 		c.MarkDirty(errors.New("advisory: connection closed during lock"))
 		return
 	}
-	cctx, cancel := cleanupBound(ctx, c)
-	defer cancel()
+	cctx := cleanupBound(ctx, c)
+	defer c.EndBound()
 	_ = c.Reset(cctx) // a failure marks c dirty
 }
 
@@ -345,9 +344,9 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, s
 	switch {
 	case !c.Lent():
 		// Only our statements ran: unlock alone, as raw pgx would (the
-		// prepared statement of pgx's cache, a bound on the socket rather
-		// than a watched context).
-		cctx, cancel := cleanupBound(ctx, c)
+		// prepared statement of pgx's cache, the shared cleanup bound
+		// rather than a watched context or a timer of its own).
+		cctx := cleanupBound(ctx, c)
 		if len(s.all) == 1 {
 			var held bool
 			sql, args := s.one(kindUnlock, shared, "")
@@ -360,13 +359,13 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, s
 			s.queue(b, kindUnlock, shared, 0, boolResults(&falses))
 			err = c.Conn().SendBatch(cctx, b).Close()
 		}
-		cancel()
+		c.EndBound()
 		if err == nil && falses == 0 {
 			c.MarkClean()
 		}
 	case len(s.all) == 1:
 		// One key: one simple-protocol string, "unlock; reset", sent with
-		// pgconn (the bound is the socket deadline: no context to watch).
+		// pgconn (under pooltx's cleanup bound: no context to watch).
 		var held bool
 		held, err = execUnlockReset(c, s.unlockResetSQL(c, shared))
 		if err == nil {
@@ -376,8 +375,8 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, s
 			}
 		}
 	default:
-		cctx, cancel := cleanupBound(ctx, c)
-		defer cancel()
+		cctx := cleanupBound(ctx, c)
+		defer c.EndBound()
 		b := &pgx.Batch{}
 		s.queue(b, kindUnlock, shared, 0, boolResults(&falses))
 		c.QueueReset(b)
@@ -405,16 +404,15 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, s
 	return nil
 }
 
-// cleanupBound bounds the statements run on c until the returned function
-// is called: by a deadline on its socket, Config.CleanupTimeout from now,
-// under a context that keeps ctx's values but cannot be cancelled. It is
-// pooltx.CleanupContext's contract at a lower price: pgx does not watch a
-// context that cannot end. A statement cut short by the deadline fails,
-// and pgx closes the connection.
-func cleanupBound(ctx context.Context, c *pooltx.Conn) (context.Context, func()) {
-	nc := c.Conn().PgConn().Conn()
-	_ = nc.SetDeadline(time.Now().Add(c.CleanupTimeout()))
-	return context.WithoutCancel(ctx), func() { _ = nc.SetDeadline(time.Time{}) }
+// cleanupBound bounds the statements run on c until c.EndBound is called,
+// by Config.CleanupTimeout from now (pooltx.Conn.BoundCleanup: no runtime
+// timer of its own, no context to watch), and returns a context that keeps
+// ctx's values but cannot be cancelled. It is pooltx.CleanupContext's
+// contract at a lower price: pgx does not watch a context that cannot end.
+// A statement cut short by the bound fails, and pgx closes the connection.
+func cleanupBound(ctx context.Context, c *pooltx.Conn) context.Context {
+	c.BoundCleanup()
+	return context.WithoutCancel(ctx)
 }
 
 // execUnlockReset runs the string of keySet.unlockResetSQL on c, bounded
