@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgxlock/pgxlock/internal/cutoff"
 	"github.com/pgxlock/pgxlock/keys"
 	"github.com/pgxlock/pgxlock/pooltx"
 )
@@ -177,6 +179,60 @@ type acquired struct {
 	sp   span        // what span points to
 	tk   ticket      // the call's place in the local queue
 	w    serverWait  // the first attempt's lock wait
+	tw   tryWait     // a Try call's wait for a connection
+}
+
+// tryWait bounds a Try call's wait for a connection (Locker.tryConnWait):
+// a context that ends with context.DeadlineExceeded once the bound has
+// passed, or when ctx ends. It is context.WithTimeout without the runtime
+// timer of its own, which woke Go's network poller once per call (an
+// eventfd write and a woken thread: issue 19, BENCHMARKS.md "where the time
+// goes"): the bound rides on the timer internal/cutoff shares between
+// every bound of the process. It lives in the call's state and must not
+// move once started.
+type tryWait struct {
+	context.Context // a cancellable child of the caller's ctx: Done, Value
+	parent          context.Context
+	cancel          context.CancelCauseFunc
+	deadline        time.Time
+	bound           cutoff.Bound
+}
+
+// start begins the bound of d on a zero tryWait and returns it.
+func (w *tryWait) start(ctx context.Context, d time.Duration) context.Context {
+	w.Context, w.cancel = context.WithCancelCause(ctx)
+	w.parent, w.deadline = ctx, time.Now().Add(d)
+	w.bound.StartExpiry(w, d)
+	return w
+}
+
+// stop ends the bound; the context ends too.
+func (w *tryWait) stop() {
+	w.bound.End()
+	w.cancel(context.Canceled)
+}
+
+// Expire ends the context once the bound has passed (cutoff.Expirer).
+func (w *tryWait) Expire() { w.cancel(context.DeadlineExceeded) }
+
+// Deadline is the bound's, or ctx's when earlier.
+func (w *tryWait) Deadline() (time.Time, bool) {
+	if d, ok := w.parent.Deadline(); ok && d.Before(w.deadline) {
+		return d, true
+	}
+	return w.deadline, true
+}
+
+// Err is ctx's error once ctx has ended, else context.DeadlineExceeded
+// once the bound has passed (or the call's wait is over), else nil.
+func (w *tryWait) Err() error {
+	if w.Context.Err() == nil {
+		return nil // Done is open
+	}
+	if err := w.parent.Err(); err != nil {
+		return err
+	}
+	return context.DeadlineExceeded
 }
 
 // oneKey returns the state of a one-key call and key as a slice inside it.
@@ -204,8 +260,15 @@ func (l *Locker) acquireSession(ctx context.Context, a *acquired, ks []keys.Key,
 
 func (l *Locker) acquireSessionTraced(ctx context.Context, a *acquired, op string, shared, try bool, opts *Options) error {
 	s := &a.s
-	wctx, stop := l.waitBound(ctx, opts, try)
-	defer stop()
+	var wctx context.Context
+	if try {
+		wctx = a.tw.start(ctx, l.tryConnWait()) // no timer of its own
+		defer a.tw.stop()
+	} else {
+		var stop context.CancelFunc
+		wctx, stop = l.waitBound(ctx, opts, try)
+		defer stop()
+	}
 	c, t, err := l.pinInto(wctx, s, shared, try, &a.tk)
 	if err != nil {
 		return &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}

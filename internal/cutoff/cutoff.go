@@ -16,7 +16,9 @@
 //
 // A bound that is still in progress at its deadline has its connection's
 // deadline cut to the present, so that a blocked read or write fails at
-// once with a timeout, as a deadline set in advance would have made it fail.
+// once with a timeout, as a deadline set in advance would have made it fail;
+// a bound started with StartExpiry has its Expirer called instead (a
+// context that must end at a deadline, without a timer of its own).
 package cutoff
 
 import (
@@ -30,7 +32,8 @@ import (
 // it must not be copied or moved once started, and is started and ended
 // by one goroutine at a time.
 type Bound struct {
-	nc         net.Conn
+	nc         net.Conn // Start: the connection to cut
+	ex         Expirer  // StartExpiry: what to call
 	deadline   time.Time
 	prev, next *Bound
 	on         bool // linked into the list (under mu)
@@ -50,13 +53,24 @@ var (
 // Start bounds the I/O on nc from now until End: once d has passed, a
 // read or write still blocked on nc fails with a timeout. It sets no
 // deadline on nc.
-func (b *Bound) Start(nc net.Conn, d time.Duration) {
+func (b *Bound) Start(nc net.Conn, d time.Duration) { b.start(nc, nil, d) }
+
+// Expirer is what StartExpiry calls once its time has passed.
+type Expirer interface{ Expire() }
+
+// StartExpiry arranges for e.Expire to be called once d has passed, on
+// the shared timer's goroutine, unless End is called first. Expire runs
+// after the shared state is released (it may start or end bounds), and
+// must be safe to call just after End: the time may pass while End waits.
+func (b *Bound) StartExpiry(e Expirer, d time.Duration) { b.start(nil, e, d) }
+
+func (b *Bound) start(nc net.Conn, e Expirer, d time.Duration) {
 	now := time.Now()
 	mu.Lock()
 	if b.on {
 		unlink(b)
 	}
-	b.nc, b.deadline, b.cut, b.on = nc, now.Add(d), false, true
+	b.nc, b.ex, b.deadline, b.cut, b.on = nc, e, now.Add(d), false, true
 	b.prev, b.next = nil, head
 	if head != nil {
 		head.prev = b
@@ -76,12 +90,12 @@ func (b *Bound) End() {
 	mu.Lock()
 	if b.on {
 		unlink(b)
-		if b.cut {
+		if b.cut && b.nc != nil {
 			_ = b.nc.SetDeadline(time.Time{})
-			b.cut = false
 		}
+		b.cut = false
 	}
-	b.nc = nil
+	b.nc, b.ex = nil, nil
 	mu.Unlock()
 }
 
@@ -109,11 +123,12 @@ func arm(t, now time.Time) {
 	timer.Reset(t.Sub(now))
 }
 
-// fire cuts the bounds whose deadline has passed and re-arms the timer
-// for the earliest of the others, if any.
+// fire cuts the bounds whose deadline has passed (or calls their
+// Expirer, once the shared state is released) and re-arms the timer for
+// the earliest of the others, if any.
 func fire() {
+	var due []Expirer
 	mu.Lock()
-	defer mu.Unlock()
 	armed = false
 	now := time.Now()
 	var next time.Time
@@ -122,13 +137,21 @@ func fire() {
 		case b.cut:
 		case !b.deadline.After(now):
 			b.cut = true
-			_ = b.nc.SetDeadline(now) // in the past: wakes blocked I/O, arms no timer
+			if b.nc != nil {
+				_ = b.nc.SetDeadline(now) // in the past: wakes blocked I/O, arms no timer
+			} else {
+				due = append(due, b.ex)
+			}
 		case next.IsZero() || b.deadline.Before(next):
 			next = b.deadline
 		}
 	}
 	if !next.IsZero() {
 		arm(next, now)
+	}
+	mu.Unlock()
+	for _, e := range due {
+		e.Expire()
 	}
 }
 

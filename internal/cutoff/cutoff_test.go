@@ -99,3 +99,26 @@ func TestTimerNotArmedPerBound(t *testing.T) {
 		t.Fatalf("the timer was armed %d times for 100 bounds", n)
 	}
 }
+
+type expirer chan struct{}
+
+func (e expirer) Expire() { close(e) }
+
+// TestExpiryCallsExpirerOnceItsTimeHasPassed, and never after End.
+func TestExpiryCallsExpirerOnceItsTimeHasPassed(t *testing.T) {
+	var ended Bound
+	never := make(expirer) // closing it twice would panic; End must stop it
+	ended.StartExpiry(never, 10*time.Millisecond)
+	ended.End()
+
+	var bd Bound
+	e := make(expirer)
+	bd.StartExpiry(e, 30*time.Millisecond)
+	<-e // the shared timer has fired past ended's deadline too
+	bd.End()
+	select {
+	case <-never:
+		t.Fatal("an ended bound's Expirer ran")
+	default:
+	}
+}
