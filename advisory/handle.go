@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgxlock/pgxlock/internal/cutoff"
 	"github.com/pgxlock/pgxlock/keys"
 )
 
@@ -41,7 +42,7 @@ type Lock struct {
 	unlockEnd chan struct{} // closed once unlockErr is set
 
 	watchCtx   context.Context // the acquisition's values, never cancelled
-	watchStart *time.Timer     // starts the watcher (see watchDelay)
+	watchStart cutoff.Bound    // starts the watcher (see watchDelay)
 	watchDone  chan struct{}   // closed when the watcher has returned or will never run
 }
 
@@ -96,9 +97,16 @@ func (l *Locker) lock(ctx context.Context, a *acquired, ks []keys.Key, opts *Opt
 		unlockEnd: make(chan struct{}),
 		watchCtx:  context.WithoutCancel(ctx),
 	}
-	h.watchStart = time.AfterFunc(watchDelay, h.watch)
+	// On the timer internal/cutoff shares, not one per lock: arming a
+	// runtime timer per Lock woke Go's network poller once per cycle.
+	h.watchStart.StartExpiry((*watchStarter)(h), watchDelay)
 	return h, nil
 }
+
+// watchStarter starts a Lock's watcher once watchDelay has passed.
+type watchStarter Lock
+
+func (w *watchStarter) Expire() { go (*Lock)(w).watch() }
 
 // Keys returns the keys the lock holds, sorted and de-duplicated.
 func (h *Lock) Keys() []keys.Key { return append([]keys.Key(nil), h.a.s.all...) }
@@ -142,7 +150,7 @@ func (h *Lock) Unlock(ctx context.Context) error {
 		_ = h.a.c.Conn().PgConn().Conn().SetReadDeadline(time.Now())
 	}
 	h.mu.Unlock()
-	if h.watchStart.Stop() {
+	if h.watchStart.End() {
 		close(h.watchDone) // the watcher never started and never will
 	}
 	<-h.watchDone

@@ -82,13 +82,16 @@ func (b *Bound) start(nc net.Conn, e Expirer, d time.Duration) {
 	mu.Unlock()
 }
 
-// End ends the bound; it is idempotent. If the bound's deadline had
-// passed, nc's deadline, which was cut, is cleared again (the I/O it cut
-// failed, and pgx closes such a connection; one whose I/O had finished
-// just before is usable).
-func (b *Bound) End() {
+// End ends the bound; it is idempotent. It reports whether the bound was
+// in progress and its time had not passed: for StartExpiry, that the
+// Expirer will not be called (false: it has been or is about to be). If
+// the deadline of a Start bound had passed, nc's deadline, which was cut,
+// is cleared again (the I/O it cut failed, and pgx closes such a
+// connection; one whose I/O had finished just before is usable).
+func (b *Bound) End() (inTime bool) {
 	mu.Lock()
 	if b.on {
+		inTime = !b.cut
 		unlink(b)
 		if b.cut && b.nc != nil {
 			_ = b.nc.SetDeadline(time.Time{})
@@ -97,6 +100,7 @@ func (b *Bound) End() {
 	}
 	b.nc, b.ex = nil, nil
 	mu.Unlock()
+	return inTime
 }
 
 // unlink takes b out of the list; mu is held.
