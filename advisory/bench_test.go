@@ -169,6 +169,44 @@ func BenchmarkSessionLock(b *testing.B) {
 	})
 }
 
+// rawTryLock pins a connection, tries the key, unlocks it checking the
+// result, and releases.
+func rawTryLock(ctx context.Context, pool *pgxpool.Pool, v int64) error {
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	var ok bool
+	if err := c.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", v).Scan(&ok); err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("try %d: busy", v)
+	}
+	if err := c.QueryRow(ctx, "SELECT pg_advisory_unlock($1)", v).Scan(&ok); err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("unlock %d: not held", v)
+	}
+	return nil
+}
+
+// BenchmarkTryLock is TryWithLock against raw pgx's try and unlock.
+func BenchmarkTryLock(b *testing.B) {
+	b.Run("impl=raw", func(b *testing.B) {
+		e := newBenchEnv(b)
+		_, vals := benchKeys(b, 1)
+		e.run(b, func(ctx context.Context) error { return rawTryLock(ctx, e.pool, vals[0]) })
+	})
+	b.Run("impl=advisory", func(b *testing.B) {
+		e := newBenchEnv(b)
+		k := key(b)
+		e.run(b, func(ctx context.Context) error { return e.l.TryWithLock(ctx, k, nil, noopSession) })
+	})
+}
+
 // BenchmarkLockHandle is a Lock+Unlock cycle through a handle (with its
 // loss watcher) against raw pgx's lock and unlock on a pinned connection.
 func BenchmarkLockHandle(b *testing.B) {
@@ -350,6 +388,14 @@ func BenchmarkPaired(b *testing.B) {
 			impl{"raw", func(ctx context.Context) error { return rawSessionLock(ctx, raw.pool, vals) }},
 			impl{"advisory", func(ctx context.Context) error { return adv.l.WithLock(ctx, k, nil, noopSession) }},
 			impl{"advisory-deadline", func(context.Context) error { return advDL.l.WithLock(dl, kDL, nil, noopSession) }})
+	})
+	b.Run("op=TryWithLock", func(b *testing.B) {
+		raw, adv := newBenchEnv(b), newBenchEnv(b)
+		_, vals := benchKeys(b, 1)
+		k := key(b)
+		paired(b,
+			impl{"raw", func(ctx context.Context) error { return rawTryLock(ctx, raw.pool, vals[0]) }},
+			impl{"advisory", func(ctx context.Context) error { return adv.l.TryWithLock(ctx, k, nil, noopSession) }})
 	})
 	b.Run("op=LockHandle", func(b *testing.B) {
 		raw, h, adv := newBenchEnv(b), newBenchEnv(b), newBenchEnv(b)

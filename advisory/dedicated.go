@@ -3,6 +3,8 @@ package advisory
 import (
 	"context"
 	"time"
+
+	"github.com/pgxlock/pgxlock/internal/cutoff"
 )
 
 // dedicated is the home of a held lock on a pooled connection of its own
@@ -17,7 +19,7 @@ type dedicated struct {
 	lost     bool // the watcher has destroyed the connection and is marking the loss
 
 	watchCtx   context.Context // the acquisition's values, never cancelled
-	watchStart *time.Timer     // starts the watcher (see watchDelay)
+	watchStart cutoff.Bound    // starts the watcher (see watchDelay)
 	watchDone  chan struct{}   // closed when the watcher has returned or will never run
 }
 
@@ -25,7 +27,18 @@ type dedicated struct {
 func (d *dedicated) start(ctx context.Context, h *Lock) {
 	d.watchDone = make(chan struct{})
 	d.watchCtx = context.WithoutCancel(ctx)
-	d.watchStart = time.AfterFunc(watchDelay, func() { d.watch(h) })
+	// On the timer internal/cutoff shares, not one per lock: arming a
+	// runtime timer per Lock woke Go's network poller once per cycle.
+	d.watchStart.StartExpiry((*dedicatedStarter)(h), watchDelay)
+}
+
+// dedicatedStarter starts the watcher of a dedicated Lock once watchDelay
+// has passed.
+type dedicatedStarter Lock
+
+func (w *dedicatedStarter) Expire() {
+	h := (*Lock)(w)
+	go h.ded.watch(h)
 }
 
 func (d *dedicated) release(ctx context.Context, h *Lock) error {
@@ -42,7 +55,7 @@ func (d *dedicated) release(ctx context.Context, h *Lock) error {
 		_ = h.a.c.Conn().PgConn().Conn().SetReadDeadline(time.Now())
 	}
 	h.mu.Unlock()
-	if d.watchStart.Stop() {
+	if d.watchStart.End() {
 		close(d.watchDone) // the watcher never started and never will
 	}
 	<-d.watchDone

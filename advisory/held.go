@@ -41,8 +41,15 @@ func (l *Locker) acquireHeld(ctx context.Context, h *Lock, ks []keys.Key, opts *
 
 func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock, opts *Options, try bool) error {
 	a := h.a
-	wctx, stop := l.waitBound(ctx, opts, try)
-	defer stop()
+	var wctx context.Context
+	if try {
+		wctx = a.tw.start(ctx, l.tryConnWait()) // no timer of its own
+		defer a.tw.stop()
+	} else {
+		var stop context.CancelFunc
+		wctx, stop = l.waitBound(ctx, opts, false)
+		defer stop()
+	}
 	if !try && l.gates.refs(a.s.all[0]) > 0 {
 		return l.waitHeld(ctx, wctx, h) // others of the Locker are in line for the key
 	}

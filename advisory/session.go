@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgxlock/pgxlock/internal/cutoff"
 	"github.com/pgxlock/pgxlock/keys"
 	"github.com/pgxlock/pgxlock/pooltx"
 )
@@ -131,9 +132,9 @@ func (l *Locker) endLeftTx(ctx context.Context, a *acquired) error {
 	}
 	err := &LockError{Op: opName(kindUnlock, a.shared), Keys: a.s.all,
 		Err: fmt.Errorf("%w (transaction status %q)", ErrCallbackInTx, st)}
-	_, cancel := cleanupBound(ctx, a.c)
+	a.c.BoundCleanup()
 	_, rerr := pg.Exec(context.Background(), "ROLLBACK").ReadAll()
-	cancel()
+	a.c.EndBound()
 	if rerr != nil || pg.TxStatus() != 'I' {
 		a.c.MarkDirty(err) // destroyed after the unlock: that ends the transaction
 	}
@@ -178,6 +179,60 @@ type acquired struct {
 	sp   span        // what span points to
 	tk   ticket      // the call's place in the local queue
 	w    serverWait  // the first attempt's lock wait
+	tw   tryWait     // a Try call's wait for a connection
+}
+
+// tryWait bounds a Try call's wait for a connection (Locker.tryConnWait):
+// a context that ends with context.DeadlineExceeded once the bound has
+// passed, or when ctx ends. It is context.WithTimeout without the runtime
+// timer of its own, which woke Go's network poller once per call (an
+// eventfd write and a woken thread: issue 19, BENCHMARKS.md "where the time
+// goes"): the bound rides on the timer internal/cutoff shares between
+// every bound of the process. It lives in the call's state and must not
+// move once started.
+type tryWait struct {
+	context.Context // a cancellable child of the caller's ctx: Done, Value
+	parent          context.Context
+	cancel          context.CancelCauseFunc
+	deadline        time.Time
+	bound           cutoff.Bound
+}
+
+// start begins the bound of d on a zero tryWait and returns it.
+func (w *tryWait) start(ctx context.Context, d time.Duration) context.Context {
+	w.Context, w.cancel = context.WithCancelCause(ctx)
+	w.parent, w.deadline = ctx, time.Now().Add(d)
+	w.bound.StartExpiry(w, d)
+	return w
+}
+
+// stop ends the bound; the context ends too.
+func (w *tryWait) stop() {
+	w.bound.End()
+	w.cancel(context.Canceled)
+}
+
+// Expire ends the context once the bound has passed (cutoff.Expirer).
+func (w *tryWait) Expire() { w.cancel(context.DeadlineExceeded) }
+
+// Deadline is the bound's, or ctx's when earlier.
+func (w *tryWait) Deadline() (time.Time, bool) {
+	if d, ok := w.parent.Deadline(); ok && d.Before(w.deadline) {
+		return d, true
+	}
+	return w.deadline, true
+}
+
+// Err is ctx's error once ctx has ended, else context.DeadlineExceeded
+// once the bound has passed (or the call's wait is over), else nil.
+func (w *tryWait) Err() error {
+	if w.Context.Err() == nil {
+		return nil // Done is open
+	}
+	if err := w.parent.Err(); err != nil {
+		return err
+	}
+	return context.DeadlineExceeded
 }
 
 // oneKey returns the state of a one-key call and key as a slice inside it.
@@ -204,8 +259,15 @@ func (l *Locker) acquireSession(ctx context.Context, a *acquired, ks []keys.Key,
 }
 
 func (l *Locker) acquireSessionTraced(ctx context.Context, a *acquired, op string, shared, try bool, opts *Options) error {
-	wctx, stop := l.waitBound(ctx, opts, try)
-	defer stop()
+	var wctx context.Context
+	if try {
+		wctx = a.tw.start(ctx, l.tryConnWait()) // no timer of its own
+		defer a.tw.stop()
+	} else {
+		var stop context.CancelFunc
+		wctx, stop = l.waitBound(ctx, opts, try)
+		defer stop()
+	}
 	return l.acquireSessionWithin(ctx, wctx, a, op, shared, try)
 }
 
@@ -332,8 +394,8 @@ func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 		c.MarkDirty(errors.New("advisory: connection closed during lock"))
 		return
 	}
-	cctx, cancel := cleanupBound(ctx, c)
-	defer cancel()
+	cctx := cleanupBound(ctx, c)
+	defer c.EndBound()
 	_ = c.Reset(cctx) // a failure marks c dirty
 }
 
@@ -351,9 +413,9 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, s
 	switch {
 	case !c.Lent():
 		// Only our statements ran: unlock alone, as raw pgx would (the
-		// prepared statement of pgx's cache, a bound on the socket rather
-		// than a watched context).
-		cctx, cancel := cleanupBound(ctx, c)
+		// prepared statement of pgx's cache, the shared cleanup bound
+		// rather than a watched context or a timer of its own).
+		cctx := cleanupBound(ctx, c)
 		if len(s.all) == 1 {
 			var held bool
 			sql, args := s.one(kindUnlock, shared, "")
@@ -366,13 +428,13 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, s
 			s.queue(b, kindUnlock, shared, 0, boolResults(&falses))
 			err = c.Conn().SendBatch(cctx, b).Close()
 		}
-		cancel()
+		c.EndBound()
 		if err == nil && falses == 0 {
 			c.MarkClean()
 		}
 	case len(s.all) == 1:
 		// One key: one simple-protocol string, "unlock; reset", sent with
-		// pgconn (the bound is the socket deadline: no context to watch).
+		// pgconn (under pooltx's cleanup bound: no context to watch).
 		var held bool
 		held, err = execUnlockReset(c, s.unlockResetSQL(c, shared))
 		if err == nil {
@@ -382,8 +444,8 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, s
 			}
 		}
 	default:
-		cctx, cancel := cleanupBound(ctx, c)
-		defer cancel()
+		cctx := cleanupBound(ctx, c)
+		defer c.EndBound()
 		b := &pgx.Batch{}
 		s.queue(b, kindUnlock, shared, 0, boolResults(&falses))
 		c.QueueReset(b)
@@ -411,16 +473,15 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, s
 	return nil
 }
 
-// cleanupBound bounds the statements run on c until the returned function
-// is called: by a deadline on its socket, Config.CleanupTimeout from now,
-// under a context that keeps ctx's values but cannot be cancelled. It is
-// pooltx.CleanupContext's contract at a lower price: pgx does not watch a
-// context that cannot end. A statement cut short by the deadline fails,
-// and pgx closes the connection.
-func cleanupBound(ctx context.Context, c *pooltx.Conn) (context.Context, func()) {
-	nc := c.Conn().PgConn().Conn()
-	_ = nc.SetDeadline(time.Now().Add(c.CleanupTimeout()))
-	return context.WithoutCancel(ctx), func() { _ = nc.SetDeadline(time.Time{}) }
+// cleanupBound bounds the statements run on c until c.EndBound is called,
+// by Config.CleanupTimeout from now (pooltx.Conn.BoundCleanup: no runtime
+// timer of its own, no context to watch), and returns a context that keeps
+// ctx's values but cannot be cancelled. It is pooltx.CleanupContext's
+// contract at a lower price: pgx does not watch a context that cannot end.
+// A statement cut short by the bound fails, and pgx closes the connection.
+func cleanupBound(ctx context.Context, c *pooltx.Conn) context.Context {
+	c.BoundCleanup()
+	return context.WithoutCancel(ctx)
 }
 
 // execUnlockReset runs the string of keySet.unlockResetSQL on c, bounded

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgxlock/pgxlock/internal/cutoff"
 	"github.com/pgxlock/pgxlock/keys"
 	"github.com/pgxlock/pgxlock/pooltx"
 )
@@ -63,7 +64,7 @@ type holderConn struct {
 	stopping bool          // stopWatcher has run: a watcher starting now returns at once
 	lastOK   time.Time     // under the turn: when c last answered
 
-	watchStart *time.Timer
+	watchStart cutoff.Bound   // starts the watcher (see watchDelay)
 	watchDone  sync.WaitGroup // counts the watcher until it has returned or can no longer run
 	watchCtx   detached       // the first acquisition's values, never cancelled
 	stmtCtx    detached       // the context of the statement in flight (under the turn)
@@ -129,8 +130,14 @@ func (hc *holderConn) attach(ctx context.Context, c *pooltx.Conn) {
 	hc.lastOK = time.Now()
 	hc.watchCtx.parent = ctx
 	hc.watchDone.Add(1)
-	hc.watchStart = time.AfterFunc(watchDelay, hc.watch)
+	hc.watchStart.StartExpiry((*holderStarter)(hc), watchDelay) // the shared timer: see dedicated.start
 }
+
+// holderStarter starts the watcher of a holder connection once watchDelay
+// has passed.
+type holderStarter holderConn
+
+func (w *holderStarter) Expire() { go (*holderConn)(w).watch() }
 
 // abandon ends hc, opened by openHolder, that got no connection: it leaves
 // the set, and every lock recorded on it (all pending: h's and those of the
@@ -478,7 +485,7 @@ func (hc *holderConn) stopWatcher(byWatcher bool) {
 	if byWatcher {
 		return
 	}
-	if hc.watchStart.Stop() {
+	if hc.watchStart.End() {
 		hc.watchDone.Done() // it never started and never will
 	}
 	hc.watchDone.Wait()

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgxlock/pgxlock/internal/cutoff"
 )
 
 // DefaultCleanupTimeout bounds every cleanup step (rollback, unlock, reset,
@@ -60,7 +62,24 @@ type Conn struct {
 	queued [4]*pgx.QueuedQuery
 
 	query pgproto3.Query // the reset's message (resetBounded), kept here: no allocation
+	bound cutoff.Bound   // the cleanup bound in progress (BoundCleanup)
 }
+
+// BoundCleanup bounds what runs on c from now until [Conn.EndBound] by the
+// cleanup timeout, as a deadline on the socket would: a read or write
+// still blocked when the timeout has passed fails, and pgx closes the
+// connection (Release then destroys it). Unlike a deadline set on the
+// socket for each step, it arms no runtime timer of its own (one timer
+// shared by the whole process serves every bound), so that a step that
+// ends in time costs neither a timer nor the wake-up of Go's network
+// poller that arming one causes. ctx-free steps of the caller's own
+// (an unlock, a rollback) use it; it must not be nested.
+func (c *Conn) BoundCleanup() { c.bound.Start(c.conn.PgConn().Conn(), c.timeout) }
+
+// EndBound ends the bound of [Conn.BoundCleanup]; idempotent. If the
+// timeout had passed, the socket's deadline, which was cut, is cleared
+// again.
+func (c *Conn) EndBound() { c.bound.End() }
 
 // Acquire pins one connection of pool. ctx governs only the wait for a
 // connection. The caller must call [Conn.Release] exactly once (more calls

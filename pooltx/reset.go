@@ -3,7 +3,6 @@ package pooltx
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -96,10 +95,9 @@ func (c *Conn) Lend(ctx context.Context) *pgx.Conn {
 	}
 	// Under the cleanup bound, not ctx: a cancelled ctx must not close a
 	// connection that may hold the caller's lock.
-	nc := c.conn.PgConn().Conn()
-	_ = nc.SetDeadline(time.Now().Add(c.timeout))
+	c.BoundCleanup()
 	_, err := execAll(context.WithoutCancel(ctx), c.conn.PgConn(), sqlPrepareProbe)
-	_ = nc.SetDeadline(time.Time{})
+	c.EndBound()
 	if err != nil {
 		c.MarkDirty(&CleanupError{Step: "prepare reset", Err: err})
 		return c.conn
@@ -205,11 +203,11 @@ func (c *Conn) QueueReset(b *pgx.Batch) {
 // to code it does not control.
 func (c *Conn) MarkClean() { c.clean = true }
 
-// resetBounded runs the reset under the cleanup bound: a deadline on the
-// socket rather than a watched context, which costs pgx nothing. The
+// resetBounded runs the reset under the cleanup bound ([Conn.BoundCleanup])
+// rather than a watched context, which costs pgx nothing. The
 // Query message is written with pgconn's frontend and its answers read
 // message by message (readAnswers), which allocates nothing per statement.
-// A reset that fails or is cut short by the deadline marks c dirty.
+// A reset that fails or is cut short by the bound marks c dirty.
 func (c *Conn) resetBounded() {
 	n, err := c.ExecBounded(c.resetSQL(), nil)
 	if err == nil && n != c.ResetCount() {
@@ -224,16 +222,15 @@ func (c *Conn) resetBounded() {
 
 // ExecBounded runs sql, one simple-protocol string of the caller's own
 // statements (ending, say, with the reset: [Conn.AppendReset]), bounded by
-// the cleanup timeout (a deadline on the socket; no context is watched),
+// the cleanup timeout ([Conn.BoundCleanup]; no context is watched),
 // and reads the answers message by message, with no allocation per
 // statement. row, when not nil, is called with the values of each data row
 // (valid during the call only). It returns how many statements completed
 // and the first error; it marks c neither clean nor dirty.
 func (c *Conn) ExecBounded(sql string, row func(values [][]byte)) (n int, err error) {
 	pg := c.conn.PgConn()
-	nc := pg.Conn()
-	_ = nc.SetDeadline(time.Now().Add(c.timeout))
-	defer func() { _ = nc.SetDeadline(time.Time{}) }()
+	c.BoundCleanup()
+	defer c.EndBound()
 	c.query.String = sql
 	fe := pg.Frontend()
 	fe.Send(&c.query)

@@ -11,12 +11,14 @@ import (
 	"context"
 	"net"
 	"sync/atomic"
+	"time"
 )
 
 // Counter counts round trips over every connection it dialed. The zero
 // value is ready to use and safe for concurrent use.
 type Counter struct {
-	n atomic.Int64
+	n         atomic.Int64
+	deadlines atomic.Int64
 }
 
 // DialFunc dials like net.Dialer and wraps the connection so that its
@@ -35,6 +37,13 @@ func (c *Counter) Count() int64 { return c.n.Load() }
 
 // Reset sets the count to zero and returns the count it had.
 func (c *Counter) Reset() int64 { return c.n.Swap(0) }
+
+// Deadlines returns how many deadlines in the future were set on the
+// connections it dialed (SetDeadline, SetReadDeadline, SetWriteDeadline),
+// and sets that count to zero. Each such deadline arms one of the Go
+// runtime's timers; clearing a deadline, or setting one in the past, is
+// not counted.
+func (c *Counter) Deadlines() int64 { return c.deadlines.Swap(0) }
 
 type conn struct {
 	net.Conn
@@ -57,4 +66,25 @@ func (cn *conn) Read(p []byte) (int, error) {
 		cn.writing.Store(false)
 	}
 	return n, err
+}
+
+func (cn *conn) count(t time.Time) {
+	if !t.IsZero() && t.After(time.Now()) {
+		cn.c.deadlines.Add(1)
+	}
+}
+
+func (cn *conn) SetDeadline(t time.Time) error {
+	cn.count(t)
+	return cn.Conn.SetDeadline(t)
+}
+
+func (cn *conn) SetReadDeadline(t time.Time) error {
+	cn.count(t)
+	return cn.Conn.SetReadDeadline(t)
+}
+
+func (cn *conn) SetWriteDeadline(t time.Time) error {
+	cn.count(t)
+	return cn.Conn.SetWriteDeadline(t)
 }
