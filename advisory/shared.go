@@ -68,6 +68,7 @@ type holderConn struct {
 	watchDone  sync.WaitGroup // counts the watcher until it has returned or can no longer run
 	watchCtx   detached       // the first acquisition's values, never cancelled
 	stmtCtx    detached       // the context of the statement in flight (under the turn)
+	bound      cutoff.Bound   // the bound of the statement in flight (under the turn)
 }
 
 // indexFrom is how many keys a holder connection's record holds before it
@@ -309,7 +310,7 @@ func (hc *holderConn) unuse() {
 func (hc *holderConn) run(ctx context.Context, s *keySet, k kind, shared bool) (falses int, err error) {
 	conn := hc.c.Conn()
 	nc := conn.PgConn().Conn()
-	_ = nc.SetDeadline(time.Now().Add(hc.l.stmtBound()))
+	hc.bound.Start(nc, hc.l.stmtBound()) // no socket deadline, no timer of its own
 	hc.stmtCtx.parent = ctx
 	dctx := &hc.stmtCtx // cannot end, so pgx does not watch it: the deadline is the bound
 	if len(s.all) == 1 {
@@ -324,7 +325,7 @@ func (hc *holderConn) run(ctx context.Context, s *keySet, k kind, shared bool) (
 		s.queue(b, k, shared, 0, boolResults(&falses))
 		err = conn.SendBatch(dctx, b).Close()
 	}
-	_ = nc.SetDeadline(time.Time{})
+	hc.bound.End()
 	if err == nil {
 		hc.lastOK = time.Now()
 	}
