@@ -111,7 +111,9 @@ type ReleaseTracer interface {
 	TraceRelease(ctx context.Context, data TraceReleaseData)
 }
 
-// LostTracer traces losses of held session locks.
+// LostTracer traces losses of held session locks. TraceLost runs before
+// the lock's Done closes; it may call the lost lock's Unlock, which then
+// returns an error matching ErrLockLost without waiting.
 type LostTracer interface {
 	TraceLost(ctx context.Context, data TraceLostData)
 }
