@@ -208,19 +208,21 @@ func (s *keySet) queueTryAbort(b *pgx.Batch, shared bool) {
 }
 
 func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options, try bool, b *pgx.Batch) error {
-	shared := opts.shared()
-	op := opName(xactOp(try), shared)
+	var r request
+	r.set(l, xactOp(try), opts, try)
+	shared, op := r.shared, r.op
 	if b == nil {
 		return &LockError{Op: op, Keys: ks, Err: invalid("nil batch")}
 	}
-	s, err := newKeySet(ks, l.cfg.MaxKeys)
-	if err != nil {
+	var err error
+	if r.s, err = newKeySet(ks, l.cfg.MaxKeys); err != nil {
 		return &LockError{Op: op, Keys: ks, Err: err}
 	}
+	s := &r.s
 	sp := l.startSpan(ctx, ScopeXact, s.all, shared, try)
 	wctx, stopBound := l.waitBound(ctx, opts, try)
 	defer stopBound()
-	c, t, err := l.pin(wctx, &s, shared, try)
+	c, t, err := l.pin(wctx, &r)
 	if err != nil {
 		err = &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 		sp.acquired(err)
@@ -238,7 +240,7 @@ func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options
 			sp.acquired(err)
 			return err
 		}
-		x := batchAttempt{l: l, ctx: ctx, wctx: wctx, c: c, s: &s, op: op, shared: shared, try: try, checked: checked}
+		x := batchAttempt{l: l, ctx: ctx, wctx: wctx, c: c, s: s, op: op, shared: shared, try: try, checked: checked}
 		err = x.run(b)
 		t.leave() // the lock statement is over, whatever its outcome
 		if x.locked {

@@ -66,7 +66,7 @@ func (d *dedicated) release(ctx context.Context, h *Lock) error {
 	// The unlock may be first to find the connection dead (the watcher had
 	// not started, or had not read yet): that is the loss, reported here
 	// once (TraceLost, Err) instead of by the watcher.
-	err := h.l.unlockSession(ctx, h.a.c, &h.a.s, h.a.shared)
+	err := h.l.unlockSession(ctx, h.a.c, &h.a.request)
 	h.a.span.ended(err)
 	h.l.unpin(h.a.c)
 	return err

@@ -54,9 +54,10 @@ type Lock struct {
 }
 
 // home is where a held lock lives: the connection that holds its keys and
-// what watches that connection. Its two kinds are dedicated (a connection
-// of the lock's own) and holderConn (a connection shared with other held
-// locks of the Locker).
+// what watches that connection. Its two kinds each state their rule in
+// their own doc comment: dedicated (dedicated.go: a connection of the
+// lock's own) and holderConn (shared.go: a connection shared with other
+// held locks of the Locker).
 type home interface {
 	// release unlocks h's keys, lets the connection go if nothing else
 	// holds it, reports the end of the lock to the tracer once (TraceLost
@@ -114,9 +115,12 @@ func (l *Locker) TryLockAll(ctx context.Context, ks []keys.Key, opts *Options) (
 }
 
 func (l *Locker) lock(ctx context.Context, a *acquired, ks []keys.Key, opts *Options, try bool) (*Lock, error) {
+	if err := a.init(l, sessionOp(try), ks, opts, try); err != nil {
+		return nil, err
+	}
 	h := &Lock{l: l, a: a}
 	if l.cfg.DisableMultiplexing {
-		if err := l.acquireSession(ctx, a, ks, opts, try); err != nil {
+		if err := l.acquireSession(ctx, a); err != nil {
 			return nil, err
 		}
 		h.done = make(chan struct{})
@@ -127,7 +131,7 @@ func (l *Locker) lock(ctx context.Context, a *acquired, ks []keys.Key, opts *Opt
 	}
 	h.done = make(chan struct{})
 	h.unlockEnd = make(chan struct{})
-	if err := l.acquireHeld(ctx, h, ks, opts, try); err != nil {
+	if err := l.acquireHeld(ctx, h); err != nil {
 		return nil, err
 	}
 	return h, nil

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 
-	"github.com/pgxlock/pgxlock/keys"
 	"github.com/pgxlock/pgxlock/pooltx"
 )
 
@@ -15,40 +14,38 @@ import (
 // out gone (retired, lost) under it before it takes another way.
 const pickTries = 8
 
-// acquireHeld validates ks and takes them for h on a holder connection:
-// for a Try call, on one whose record has none of the keys, else on a new
+// acquireHeld takes the keys of h's request (h.a.request, set by the
+// call's entry point) for h on a holder connection: for a Try call, on one whose record has none of the keys, else on a new
 // one; for a blocking call, first by a try on such a holder connection
 // (when no call of the Locker waits in its local queue for the first key),
 // and when that finds a key busy, or no holder connection can take the
 // keys, by a wait on a connection of its own (the
 // local queue, MaxConns and the pool, as WithLock), which, once granted,
 // becomes a holder connection. On error nothing is held or pinned.
-func (l *Locker) acquireHeld(ctx context.Context, h *Lock, ks []keys.Key, opts *Options, try bool) error {
+func (l *Locker) acquireHeld(ctx context.Context, h *Lock) error {
 	a := h.a
-	a.shared = opts.shared()
-	a.op = opName(sessionOp(try), a.shared)
-	if err := a.s.init(ks, l.cfg.MaxKeys); err != nil {
-		return &LockError{Op: a.op, Keys: ks, Err: err}
-	}
 	a.span = &a.sp
-	l.initSpan(a.span, ctx, ScopeSession, a.s.all, a.shared, try)
-	err := l.acquireHeldTraced(ctx, h, opts, try)
+	l.initSpan(a.span, ctx, ScopeSession, a.s.all, a.shared, a.try)
+	err := l.acquireHeldTraced(ctx, h)
 	if err != nil {
 		a.span.acquired(err) // success is traced by adopt
 	}
 	return err
 }
 
-func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock, opts *Options, try bool) error {
+func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock) error {
 	a := h.a
+	try := a.try
 	var wctx context.Context
 	if try {
 		wctx = a.tw.start(ctx, l.tryConnWait()) // no timer of its own
 		defer a.tw.stop()
-	} else {
+	} else if a.timeout > 0 {
 		var stop context.CancelFunc
-		wctx, stop = l.waitBound(ctx, opts, false)
+		wctx, stop = context.WithTimeout(ctx, a.timeout)
 		defer stop()
+	} else {
+		wctx = ctx
 	}
 	if !try && l.gates.refs(a.s.all[0]) > 0 {
 		return l.waitHeld(ctx, wctx, h) // others of the Locker are in line for the key
@@ -105,10 +102,11 @@ func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock, opts *Options, 
 }
 
 // waitHeld takes h's keys by a wait on a connection of its own (as
-// WithLock does) and makes that connection a holder connection.
+// WithLock does) and makes that connection a holder connection. Only a
+// blocking call (h.a.try false) comes here.
 func (l *Locker) waitHeld(ctx, wctx context.Context, h *Lock) error {
 	a := h.a
-	if err := l.acquireSessionWithin(ctx, wctx, a, a.op, a.shared, false); err != nil {
+	if err := l.acquireSessionWithin(ctx, wctx, a); err != nil {
 		return err
 	}
 	hc := l.newHolder(ctx, a.c, h)

@@ -429,15 +429,15 @@ func (w *serverWait) watch() {
 // the next local waiter go to the server; unpin releases the connection.
 // (The session and transaction helpers use pinInto with a ticket in their
 // call state; pin serves the batch form.)
-func (l *Locker) pin(wctx context.Context, s *keySet, shared, try bool) (c *pooltx.Conn, t *ticket, err error) {
-	return l.pinInto(wctx, s, shared, try, &ticket{})
+func (l *Locker) pin(wctx context.Context, r *request) (c *pooltx.Conn, t *ticket, err error) {
+	return l.pinInto(wctx, r, &ticket{})
 }
 
 // pinInto is pin with the call's own zero ticket tk, which it returns (nil
 // when the call does not queue).
-func (l *Locker) pinInto(wctx context.Context, s *keySet, shared, try bool, tk *ticket) (c *pooltx.Conn, t *ticket, err error) {
-	if queues(s, shared, try) {
-		if err = l.gates.enterInto(wctx, s.all[0], tk); err != nil {
+func (l *Locker) pinInto(wctx context.Context, r *request, tk *ticket) (c *pooltx.Conn, t *ticket, err error) {
+	if r.queues() {
+		if err = l.gates.enterInto(wctx, r.s.all[0], tk); err != nil {
 			return nil, nil, err
 		}
 		t = tk
@@ -447,12 +447,6 @@ func (l *Locker) pinInto(wctx context.Context, s *keySet, shared, try bool, tk *
 		return nil, nil, err
 	}
 	return c, t, nil
-}
-
-// queues reports whether a call queues in process for its first key: a
-// blocking call for one key, or for several in exclusive mode (see gate.go).
-func queues(s *keySet, shared, try bool) bool {
-	return !try && (len(s.all) == 1 || !shared)
 }
 
 // conn takes a pooled connection under the MaxConns cap, bounded by wctx.

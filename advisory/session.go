@@ -96,7 +96,10 @@ func (l *Locker) withSession(ctx context.Context, a *acquired, ks []keys.Key, op
 	if fn == nil {
 		return &LockError{Op: opName(sessionOp(try), opts.shared()), Keys: ks, Err: invalid("nil callback")}
 	}
-	if err := l.acquireSession(ctx, a, ks, opts, try); err != nil {
+	if err := a.init(l, sessionOp(try), ks, opts, try); err != nil {
+		return err
+	}
+	if err := l.acquireSession(ctx, a); err != nil {
 		return err
 	}
 	panicked := true
@@ -112,7 +115,7 @@ func (l *Locker) withSession(ctx context.Context, a *acquired, ks []keys.Key, op
 	fnErr := fn(ctx, a.c.Lend(ctx))
 	panicked = false
 	txErr := l.endLeftTx(ctx, a)
-	uerr := l.unlockSession(ctx, a.c, &a.s, a.shared)
+	uerr := l.unlockSession(ctx, a.c, &a.request)
 	a.span.ended(uerr) // a loss found by the unlock is traced as one
 	l.unpin(a.c)
 	return join(fnErr, txErr, uerr)
@@ -163,17 +166,69 @@ var opNames = func() (n [numKinds][2]string) {
 
 func opName(k kind, shared bool) string { return opNames[k][b2i(shared)] }
 
-// acquired is the state of one session-scope call and, once the lock is
-// taken, the lock: the pinned connection that holds it and the trace span
-// it belongs to. Everything the call needs on the heap lives in it, so that
-// an uncontended call allocates it and little else; it must not move once
-// in use (its fields point into it).
-type acquired struct {
-	c      *pooltx.Conn
-	s      keySet
+// request is what one lock call asks for. The call's entry point sets it
+// once, from its arguments, before anything is waited for (init, or set
+// and then s.init); from then on it is only read, by everything that
+// acquires, locks and unlocks for the call, which takes it instead of
+// separate keys, mode and wait flags. It lives in the call's own state
+// (acquired, xactCall; a batch call's frame), never on its own on the heap.
+type request struct {
+	// s holds the keys, sorted and de-duplicated (keySet.init); the call
+	// queues in process for the first one (see queues).
+	s keySet
+	// shared is the mode: true for shared (Options.Shared), false for
+	// exclusive.
 	shared bool
-	op     string
-	span   *span
+	// try is the wait policy: true for a Try call, which never waits for a
+	// key and waits for a connection at most Locker.tryConnWait; false for
+	// a blocking call, whose whole wait timeout bounds.
+	try bool
+	// timeout is a blocking call's bound of its whole wait (local queue,
+	// connection cap, pool, server): Options.Timeout, else
+	// Config.LockTimeout (Locker.timeout); 0 is none. A Try call's is 0.
+	timeout time.Duration
+	// op is the operation name of the call's errors and traces ("lock",
+	// "try-lock-shared", "xact-lock", ...: opName).
+	op string
+}
+
+// set fills the mode, wait policy, timeout and operation name of r, a zero
+// request, for a call of kind k (kindLock, kindTryLock, kindXactLock or
+// kindTryXactLock; try says which form) with opts. The keys are left to
+// s.init.
+func (r *request) set(l *Locker, k kind, opts *Options, try bool) {
+	r.shared, r.try = opts.shared(), try
+	r.op = opName(k, r.shared)
+	if !try {
+		r.timeout = l.timeout(opts)
+	}
+}
+
+// init is set, then the keys ks; invalid keys give the call's LockError.
+func (r *request) init(l *Locker, k kind, ks []keys.Key, opts *Options, try bool) error {
+	r.set(l, k, opts, try)
+	if err := r.s.init(ks, l.cfg.MaxKeys); err != nil {
+		return &LockError{Op: r.op, Keys: ks, Err: err}
+	}
+	return nil
+}
+
+// queues reports whether the call queues in process for its first key: a
+// blocking call for one key, or for several in exclusive mode (see gate.go).
+func (r *request) queues() bool {
+	return !r.try && (len(r.s.all) == 1 || !r.shared)
+}
+
+// acquired is the state of one session-scope call and, once the lock is
+// taken, the lock: what was asked for (request, set by the call's entry
+// point), the pinned connection that holds it and the trace span it belongs
+// to. Everything the call needs on the heap lives in it, so that an
+// uncontended call allocates it and little else; it must not move once in
+// use (its fields point into it).
+type acquired struct {
+	request
+	c    *pooltx.Conn
+	span *span
 
 	key1 [1]keys.Key // the argument of a one-key call (see oneKey)
 	sp   span        // what span points to
@@ -242,40 +297,38 @@ func oneKey(key keys.Key) (*acquired, []keys.Key) {
 	return a, a.key1[:]
 }
 
-// acquireSession validates ks, waits for its turn and a connection, and
-// takes the keys at session level, filling a, a zero acquired. On error
-// nothing is held or pinned.
-func (l *Locker) acquireSession(ctx context.Context, a *acquired, ks []keys.Key, opts *Options, try bool) error {
-	shared := opts.shared()
-	op := opName(sessionOp(try), shared)
-	if err := a.s.init(ks, l.cfg.MaxKeys); err != nil {
-		return &LockError{Op: op, Keys: ks, Err: err}
-	}
+// acquireSession waits for the turn and a connection of a's request, set
+// by the call's entry point, and takes its keys at session level, filling
+// the rest of a. On error nothing is held or pinned.
+func (l *Locker) acquireSession(ctx context.Context, a *acquired) error {
 	a.span = &a.sp
-	l.initSpan(a.span, ctx, ScopeSession, a.s.all, shared, try)
-	err := l.acquireSessionTraced(ctx, a, op, shared, try, opts)
+	l.initSpan(a.span, ctx, ScopeSession, a.s.all, a.shared, a.try)
+	err := l.acquireSessionTraced(ctx, a)
 	a.span.acquired(err)
 	return err
 }
 
-func (l *Locker) acquireSessionTraced(ctx context.Context, a *acquired, op string, shared, try bool, opts *Options) error {
+func (l *Locker) acquireSessionTraced(ctx context.Context, a *acquired) error {
 	var wctx context.Context
-	if try {
+	if a.try {
 		wctx = a.tw.start(ctx, l.tryConnWait()) // no timer of its own
 		defer a.tw.stop()
-	} else {
+	} else if a.timeout > 0 {
 		var stop context.CancelFunc
-		wctx, stop = l.waitBound(ctx, opts, try)
+		wctx, stop = context.WithTimeout(ctx, a.timeout)
 		defer stop()
+	} else {
+		wctx = ctx
 	}
-	return l.acquireSessionWithin(ctx, wctx, a, op, shared, try)
+	return l.acquireSessionWithin(ctx, wctx, a)
 }
 
 // acquireSessionWithin is acquireSessionTraced within the call's wait bound
 // wctx (see waitBound).
-func (l *Locker) acquireSessionWithin(ctx, wctx context.Context, a *acquired, op string, shared, try bool) error {
-	s := &a.s
-	c, t, err := l.pinInto(wctx, s, shared, try, &a.tk)
+func (l *Locker) acquireSessionWithin(ctx, wctx context.Context, a *acquired) error {
+	r := &a.request
+	s, op := &r.s, r.op
+	c, t, err := l.pinInto(wctx, r, &a.tk)
 	if err != nil {
 		return &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 	}
@@ -284,10 +337,10 @@ func (l *Locker) acquireSessionWithin(ctx, wctx context.Context, a *acquired, op
 	for retried := false; ; retried = true {
 		err = l.checkProxy(ctx, c, op, s.all)
 		if err == nil {
-			err = l.lockSession(ctx, wctx, c, s, op, shared, try, w)
+			err = l.lockSession(ctx, wctx, c, r, w)
 		}
 		if err == nil {
-			a.c, a.shared, a.op = c, shared, op
+			a.c = c
 			return nil
 		}
 		if retried || !diedIdle(ctx, wctx, c) {
@@ -311,11 +364,12 @@ func diedIdle(ctx, wctx context.Context, c *pooltx.Conn) bool {
 	return c.Conn().IsClosed() && ctx.Err() == nil && wctx.Err() == nil
 }
 
-// lockSession takes the keys of s at session level on c; wctx bounds the
-// wait, using w, a zero serverWait. On any failure nothing stays held by c:
-// the locks a failed or partly granted statement may have left are
-// released, or c is marked dirty.
-func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySet, op string, shared, try bool, w *serverWait) error {
+// lockSession takes the keys of r at session level on c, in r's mode and
+// wait policy; wctx bounds the wait, using w, a zero serverWait. On any
+// failure nothing stays held by c: the locks a failed or partly granted
+// statement may have left are released, or c is marked dirty.
+func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, r *request, w *serverWait) error {
+	s, op, shared, try := &r.s, r.op, r.shared, r.try
 	if !try && wctx.Err() != nil {
 		// Given up before the lock statement was sent: send nothing, so
 		// that no cancel request races the statement (see waitFor).
@@ -379,7 +433,7 @@ func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, s *keySe
 	}
 	if ctx.Err() != nil {
 		// Granted, but the caller has gone: give it back now.
-		err := l.unlockSession(ctx, c, s, shared)
+		err := l.unlockSession(ctx, c, r)
 		return &LockError{Op: op, Keys: s.all, Err: join(classify(ctx, ctx.Err()), err)}
 	}
 	return nil
@@ -399,7 +453,7 @@ func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 	_ = c.Reset(cctx) // a failure marks c dirty
 }
 
-// unlockSession releases the keys of s on c, in reverse order, under a
+// unlockSession releases the keys of r on c (in r's mode), in reverse order, under a
 // fresh bounded context. On a connection that was lent to a callback
 // (pooltx.Conn.Lend), pooltx's reset follows in the same round trip (any
 // other session-level advisory lock dropped, identity, settings and session
@@ -407,7 +461,8 @@ func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 // handle, Hold, a lock given back at once), the unlock is enough: those
 // statements change nothing else in the session, and c is marked clean. A
 // false unlock (the lock was not held) or a failure marks c dirty.
-func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, s *keySet, shared bool) error {
+func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, r *request) error {
+	s, shared := &r.s, r.shared
 	falses := 0
 	var err error
 	switch {

@@ -89,7 +89,7 @@ func xactOp(try bool) kind {
 // move once in use (its fields point into it).
 type xactCall struct {
 	x    xactAttempt
-	s    keySet
+	r    request     // what the call asks for; r.s are its keys
 	key1 [1]keys.Key // the argument of a one-key call
 	sp   span
 	tk   ticket
@@ -98,15 +98,16 @@ type xactCall struct {
 }
 
 func (l *Locker) withXact(ctx context.Context, call *xactCall, ks []keys.Key, opts *Options, try bool, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	shared := opts.shared()
-	op := opName(xactOp(try), shared)
+	r := &call.r
+	r.set(l, xactOp(try), opts, try)
+	shared, op := r.shared, r.op
 	if fn == nil {
 		return &LockError{Op: op, Keys: ks, Err: invalid("nil callback")}
 	}
 	if err := opts.checkTxOptions(); err != nil {
 		return &LockError{Op: op, Keys: ks, Err: err}
 	}
-	s := &call.s
+	s := &r.s
 	if err := s.init(ks, l.cfg.MaxKeys); err != nil {
 		return &LockError{Op: op, Keys: ks, Err: err}
 	}
@@ -114,7 +115,7 @@ func (l *Locker) withXact(ctx context.Context, call *xactCall, ks []keys.Key, op
 	l.initSpan(sp, ctx, ScopeXact, s.all, shared, try)
 	wctx, stopBound := l.waitBound(ctx, opts, try)
 	defer stopBound()
-	c, t, err := l.pinInto(wctx, s, shared, try, &call.tk)
+	c, t, err := l.pinInto(wctx, r, &call.tk)
 	if err != nil {
 		err = &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 		sp.acquired(err)
