@@ -2,6 +2,7 @@ package pooltx
 
 import (
 	"context"
+	"net"
 	"errors"
 	"fmt"
 	"time"
@@ -168,8 +169,25 @@ func (c *Conn) Release() (destroyed bool) {
 // for a lock does not read its socket; the cancel request ends that wait,
 // or the backend exits as soon as the lock is granted and it finds the
 // socket closed.)
+//
+// Over TLS, closing the *tls.Conn first writes a close_notify alert under a
+// write deadline of its own, 5 s, which no context shortens: with the
+// socket's send buffer full (a frozen peer) that close alone outlasted the
+// bound. So once timeout has passed the raw socket under it is closed,
+// which fails any write still blocked. (A timer per close: this path runs
+// only for connections being destroyed.)
 func closeNow(raw *pgx.Conn, timeout time.Duration) {
 	pg := raw.PgConn()
+	nc := pg.Conn()
+	sock := nc
+	if t, ok := nc.(interface{ NetConn() net.Conn }); ok {
+		sock = t.NetConn()
+	}
+	if timeout <= 0 {
+		timeout = DefaultCleanupTimeout
+	}
+	cut := time.AfterFunc(timeout, func() { _ = sock.Close() })
+	defer cut.Stop()
 	if !raw.IsClosed() {
 		ctx, cancel := CleanupContext(context.Background(), timeout)
 		_ = raw.Close(ctx) // the session ends either way: Close drops the socket on error
@@ -177,7 +195,7 @@ func closeNow(raw *pgx.Conn, timeout time.Duration) {
 	}
 	// Idempotent for a socket pgx closed itself; concurrent with pgx's
 	// background close otherwise, which then fails its writes and stops.
-	_ = pg.Conn().Close()
+	_ = nc.Close()
 }
 
 // Destroy marks the connection dirty with reason and releases it, which
