@@ -93,7 +93,8 @@
 // again (locks stack: two locks need two unlocks), not a setting, not a
 // role or session authorization it switched to, not a temporary table, a
 // LISTEN or a cursor; a transaction-scope call, and a batch, reset in
-// COMMIT's round trip the same way. Handles and Hold, whose connections
+// COMMIT's round trip the same way (that round trip is COMMIT's: the
+// caller's ctx governs it, not CleanupTimeout). Handles and Hold, whose connections
 // run only this package's statements, unlock their own keys without a
 // reset. The unlock's boolean is checked: false means the lock was not held
 // any more, which the call reports as [ErrNotHeld] while the connection is
@@ -127,7 +128,8 @@
 //     or no holder connection can take the keys, it takes them on a
 //     connection of its own, waiting there as WithLock does if it must,
 //     and once granted that connection becomes a holder connection that
-//     later calls share. A connection that holds locks never waits for one.
+//     later calls share. A holder connection (one shared with other
+//     held locks) never waits for a lock.
 //   - PostgreSQL's session locks stack within a session (a key taken twice
 //     is granted twice, and an exclusive request is granted to the session
 //     that holds the key shared), so the Locker keeps its own record of the

@@ -47,7 +47,9 @@ type Config struct {
 
 	// CleanupTimeout bounds each cleanup step (unlock, rollback, closing a
 	// destroyed connection), which runs on a context the caller cannot
-	// cancel. Zero means pooltx.DefaultCleanupTimeout.
+	// cancel. Zero means pooltx.DefaultCleanupTimeout. A transaction-scope
+	// call's COMMIT, and the reset sent in its round trip, are not cleanup:
+	// the call's ctx governs them.
 	CleanupTimeout time.Duration
 
 	// MaxKeys caps the distinct keys of one call; a call over it fails

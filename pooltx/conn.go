@@ -2,9 +2,9 @@ package pooltx
 
 import (
 	"context"
-	"net"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5"
