@@ -36,17 +36,8 @@ func (l *Locker) acquireHeld(ctx context.Context, h *Lock) error {
 func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock) error {
 	a := h.a
 	try := a.try
-	var wctx context.Context
-	if try {
-		wctx = a.tw.start(ctx, l.tryConnWait()) // no timer of its own
-		defer a.tw.stop()
-	} else if a.timeout > 0 {
-		var stop context.CancelFunc
-		wctx, stop = context.WithTimeout(ctx, a.timeout)
-		defer stop()
-	} else {
-		wctx = ctx
-	}
+	wctx, cancel := l.waitCtx(ctx, a)
+	defer a.endWait(cancel)
 	if !try && l.gates.refs(a.s.all[0]) > 0 {
 		return l.waitHeld(ctx, wctx, h) // others of the Locker are in line for the key
 	}

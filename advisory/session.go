@@ -308,18 +308,33 @@ func (l *Locker) acquireSession(ctx context.Context, a *acquired) error {
 	return err
 }
 
-func (l *Locker) acquireSessionTraced(ctx context.Context, a *acquired) error {
-	var wctx context.Context
-	if a.try {
-		wctx = a.tw.start(ctx, l.tryConnWait()) // no timer of its own
-		defer a.tw.stop()
-	} else if a.timeout > 0 {
-		var stop context.CancelFunc
-		wctx, stop = context.WithTimeout(ctx, a.timeout)
-		defer stop()
-	} else {
-		wctx = ctx
+// waitCtx returns the context that bounds a's wait (its connection, its
+// turn, and for a blocking call the lock): a Try call's on the shared
+// timer, tryConnWait (no runtime timer of its own); a blocking call's
+// a.timeout, or ctx when it has none. a.endWait(cancel) ends it.
+func (l *Locker) waitCtx(ctx context.Context, a *acquired) (wctx context.Context, cancel context.CancelFunc) {
+	switch {
+	case a.try:
+		return a.tw.start(ctx, l.tryConnWait()), nil
+	case a.timeout > 0:
+		return context.WithTimeout(ctx, a.timeout)
+	default:
+		return ctx, nil
 	}
+}
+
+// endWait ends the bound waitCtx returned.
+func (a *acquired) endWait(cancel context.CancelFunc) {
+	if a.try {
+		a.tw.stop()
+	} else if cancel != nil {
+		cancel()
+	}
+}
+
+func (l *Locker) acquireSessionTraced(ctx context.Context, a *acquired) error {
+	wctx, cancel := l.waitCtx(ctx, a)
+	defer a.endWait(cancel)
 	return l.acquireSessionWithin(ctx, wctx, a)
 }
 
