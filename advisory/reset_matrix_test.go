@@ -529,7 +529,8 @@ func TestHandleUnlocksWithoutReset(t *testing.T) {
 	var pid uint32
 	require.NoError(t, l.WithLock(ctx, key(t), nil, func(ctx context.Context, c *pgx.Conn) error {
 		pid = c.PgConn().PID()
-		return nil
+		_, err := c.Exec(ctx, "SELECT 1")
+		return err
 	}))
 	require.Contains(t, lastQuery(pid), "RESET ALL", "a callback's connection is reset")
 	h, err := l.Lock(ctx, key(t), nil)

@@ -114,6 +114,7 @@ func (l *Locker) withSession(ctx context.Context, a *acquired, ks []keys.Key, op
 	}()
 	fnErr := fn(ctx, a.c.Lend(ctx))
 	panicked = false
+	a.c.Reclaim() // fn sent nothing on the connection: the unlock alone, no reset
 	txErr := l.endLeftTx(ctx, a)
 	uerr := l.unlockSession(ctx, a.c, &a.request)
 	a.span.ended(uerr) // a loss found by the unlock is traced as one

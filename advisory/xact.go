@@ -226,7 +226,9 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 		}
 	}
 	txOpts := x.txOpts
-	*txOpts = pooltx.TxOptions{Tx: x.tx, PreambleContext: w.ctx, Preamble: x.preamble}
+	// The preamble is the lock (transaction-level, with a SET LOCAL bound):
+	// nothing of it outlives the transaction.
+	*txOpts = pooltx.TxOptions{Tx: x.tx, PreambleContext: w.ctx, Preamble: x.preamble, PreambleChangesNoState: true}
 
 	returned := false
 	defer func() {

@@ -53,8 +53,10 @@ type Conn struct {
 	conn    *pgx.Conn
 	timeout time.Duration
 	dirty   error
-	clean   bool // the session is known to be as the pool gave it: Release skips the reset
-	lent    bool // handed to code the caller does not control (Lend)
+	clean   bool   // the session is known to be as the pool gave it: Release skips the reset
+	lent    bool   // handed to code the caller does not control (Lend)
+	marked  bool   // mark holds the socket's count of bytes written at Lend (Reclaim)
+	mark    uint64 // see meter
 
 	// The batch that begins a transaction ([Conn.Tx]), kept here so that
 	// a transaction allocates neither it nor, for up to len(queued)
@@ -209,7 +211,9 @@ func (c *Conn) Destroy(reason error) {
 // releases it by the rule in the package doc: whatever fn did, the
 // connection goes back to the pool as a fresh connection of the pool would
 // be, identity, settings and session state included, with no session-level
-// advisory lock (one round trip, see [Conn.Reset]), or it is destroyed. ctx governs acquiring
+// advisory lock (one round trip, see [Conn.Reset]), or it is destroyed;
+// when fn sent nothing on it ([Conn.Reclaim]), it goes back as it came,
+// with no round trip. ctx governs acquiring
 // the connection and is passed to fn; the reset runs under the cleanup
 // bound. fn's error is returned as is. A panic in fn destroys the
 // connection and is re-raised. fn must not call Release itself.
@@ -221,10 +225,10 @@ func WithConn(ctx context.Context, pool *pgxpool.Pool, opts *ConnOptions, fn fun
 	defer c.Release()
 	c.Lend(ctx)
 	err = runGuarded(c, fn, ctx, c)
-	// Whatever fn did, the reset runs now: a Reset or MarkClean that fn
-	// called itself, with more work after it, must not vouch for the
-	// connection.
-	c.clean = false
+	// Whatever fn did, the reset runs now, unless fn sent nothing on the
+	// connection (Reclaim): a Reset or MarkClean that fn called itself,
+	// with more work after it, must not vouch for the connection.
+	c.clean = c.Reclaim()
 	return err
 }
 

@@ -20,11 +20,13 @@
 // # The reset
 //
 // Its invariant: after any work lent a connection, the next borrower sees
-// what a fresh connection of the pool sees, or gets a fresh connection.
-// Before every release of a connection that was lent to code the caller
-// does not control ([Conn.Lend]: [WithConn], [WithTx] and the callback and
-// batch helpers of package advisory do), whatever that code did, one
-// simple-protocol string runs ([Conn.Reset]):
+// the connection as the pool gave it out: what a fresh connection of the
+// pool sees, or a fresh connection. Before every release of a connection
+// that was lent to code the caller does not control ([Conn.Lend]:
+// [WithConn], [WithTx] and the callback and batch helpers of package
+// advisory do), whatever that code did, one simple-protocol string runs
+// ([Conn.Reset]), unless that code sent nothing on the connection (see
+// "Work that sent nothing" below):
 //
 //	RESET SESSION AUTHORIZATION; RESET ROLE; SELECT pg_catalog.pg_advisory_unlock_all();
 //	CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP
@@ -64,11 +66,32 @@
 // On the way out of [WithTx] the reset shares COMMIT's (or ROLLBACK's)
 // round trip, and in advisory's session helpers the unlock's, so a helper
 // costs no more round trips than the same work by hand; [WithConn] and
-// [Conn.Release] pay one round trip for it. Its answers are read message by
+// [Conn.Release] pay one round trip for it (WithConn none when its work
+// sent nothing). Its answers are read message by
 // message, with no allocation per statement. A connection that was never
 // lent ran only its caller's statements: the caller may vouch for it
 // ([Conn.MarkClean]: advisory's handles, Hold and refused try-locks,
 // lease's frames), and it goes back with no reset at all.
+//
+// # Work that sent nothing
+//
+// A session changes only by what its client sends. So [Conn.Lend] notes
+// the kernel's count of bytes written to the connection's socket (Linux,
+// TCP, TLS included: TCP_INFO's tcpi_bytes_sent plus tcpi_notsent_bytes,
+// so bytes a frozen network still queues count), and [Conn.Reclaim],
+// called when the lent code has returned, flushes whatever it handed
+// pgx's frontend without flushing and compares: an equal count means the
+// code sent nothing, and the connection goes back without the reset (as
+// the pool gave it out: state another borrower of the pool left on it,
+// through pgxpool alone, is left as it was), a transaction ends with
+// COMMIT or ROLLBACK alone. [WithConn], [WithTx] and advisory's callback
+// helpers do this; a [TxOptions.Preamble] counts as lent code unless the
+// caller sets [TxOptions.PreambleChangesNoState]. Where the count cannot
+// be read (another OS, a Unix-domain socket, a DialFunc whose net.Conn
+// does not unwrap to a *net.TCPConn through NetConn methods) the reset
+// always runs. Lent code must not leave a goroutine that uses the
+// connection after it returned (it may not in any case), and a DialFunc
+// wrapper that unwraps by NetConn must not buffer writes.
 //
 // What the reset does not undo, and why:
 //

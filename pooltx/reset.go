@@ -81,17 +81,33 @@ func (c *Conn) probe() int {
 // only its values), so that a DEALLOCATE ALL run by that code
 // is seen by the reset, which then destroys the connection instead of
 // handing the next borrower a statement cache the server no longer has. A
-// failure to prepare marks c dirty.
+// failure to prepare marks c dirty. Lend also notes the socket's count of
+// bytes written, for [Conn.Reclaim]: lent code that sent nothing needs no
+// reset.
 func (c *Conn) Lend(ctx context.Context) *pgx.Conn {
 	c.lent = true
 	c.clean = false
-	if c.dirty != nil || c.conn.IsClosed() || c.probe() != 0 {
+	c.marked = false
+	if c.dirty != nil || c.conn.IsClosed() {
 		return c.conn
 	}
+	if c.probe() == 0 {
+		c.prepareProbe(ctx)
+		if c.dirty != nil {
+			return c.conn
+		}
+	}
+	c.markSent()
+	return c.conn
+}
+
+// prepareProbe prepares the reset's probe on c, or records that c needs
+// none; see Lend.
+func (c *Conn) prepareProbe(ctx context.Context) {
 	data := c.conn.PgConn().CustomData()
 	if cfg := c.conn.Config(); cfg.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement || cfg.StatementCacheCapacity <= 0 {
 		data[probeKey] = probeUnused
-		return c.conn
+		return
 	}
 	// Under the cleanup bound, not ctx: a cancelled ctx must not close a
 	// connection that may hold the caller's lock.
@@ -100,10 +116,9 @@ func (c *Conn) Lend(ctx context.Context) *pgx.Conn {
 	c.EndBound()
 	if err != nil {
 		c.MarkDirty(&CleanupError{Step: "prepare reset", Err: err})
-		return c.conn
+		return
 	}
 	data[probeKey] = probeReady
-	return c.conn
 }
 
 // Lent reports whether c was handed to code its caller does not control

@@ -160,7 +160,8 @@ func TestNextBorrowerGetsNoLockAndNoSetting(t *testing.T) {
 }
 
 // Reset's doc: a SET run in AfterConnect does not survive a release by
-// pooltx (RESET ALL restores the values at connection start).
+// pooltx that follows work which sent anything (RESET ALL restores the
+// values at connection start); work that sent nothing leaves it alone.
 func TestResetUndoesAfterConnectSettings(t *testing.T) {
 	ctx := testCtx(t)
 	cfg := pgtest.Config(t)
@@ -172,21 +173,38 @@ func TestResetUndoesAfterConnectSettings(t *testing.T) {
 	pool := pgtest.NewPool(t, cfg)
 	require.Equal(t, "5555ms", stateOfNextBorrower(ctx, t, pool).statementTimeout)
 	require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(context.Context, *pooltx.Conn) error { return nil }))
+	require.Equal(t, "5555ms", stateOfNextBorrower(ctx, t, pool).statementTimeout, "work that sent nothing: no reset")
+	require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
+		_, err := c.Conn().Exec(ctx, "SELECT 1")
+		return err
+	}))
 	assert.NotEqual(t, "5555ms", stateOfNextBorrower(ctx, t, pool).statementTimeout)
 }
 
 // The reset shares the COMMIT's round trip: WithTx costs what it cost
 // before the reset existed (BEGIN, COMMIT); WithConn pays one round trip
-// for it.
+// for it, and none when its work sent nothing.
 func TestResetRoundTrips(t *testing.T) {
 	ctx := testCtx(t)
 	pool, rt := countedPool(t)
 	for range 2 { // the second call runs on prepared statements
 		rt.Reset()
-		require.NoError(t, pooltx.WithTx(ctx, pool, nil, func(context.Context, pgx.Tx) error { return nil }))
+		require.NoError(t, pooltx.WithTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "SELECT 1")
+			return err
+		}))
 	}
-	assert.EqualValues(t, 2, rt.Count(), "BEGIN; COMMIT with the reset")
+	assert.EqualValues(t, 3, rt.Count(), "BEGIN; SELECT 1; COMMIT with the reset")
+	rt.Reset()
+	require.NoError(t, pooltx.WithTx(ctx, pool, nil, func(context.Context, pgx.Tx) error { return nil }))
+	assert.EqualValues(t, 2, rt.Count(), "BEGIN; COMMIT")
+	rt.Reset()
+	require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
+		_, err := c.Conn().Exec(ctx, "SELECT 1")
+		return err
+	}))
+	assert.EqualValues(t, 2, rt.Count(), "SELECT 1, then the reset at release")
 	rt.Reset()
 	require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(context.Context, *pooltx.Conn) error { return nil }))
-	assert.EqualValues(t, 1, rt.Count(), "the reset at release")
+	assert.EqualValues(t, 0, rt.Count(), "work that sent nothing: no reset")
 }

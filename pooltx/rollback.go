@@ -13,5 +13,9 @@ import "context"
 // COMMIT in one pipeline) rather than use [Conn.Tx].
 func (c *Conn) Rollback(ctx context.Context) error {
 	c.clean = false
-	return c.rollback(ctx)
+	lent := c.lent
+	c.lent = true // the reset runs, lent or not
+	err := c.rollback(ctx)
+	c.lent = lent
+	return err
 }

@@ -25,6 +25,14 @@ type TxOptions struct {
 	// Preamble must not call Batch.BeginTx.
 	Preamble func(b *pgx.Batch)
 
+	// PreambleChangesNoState vouches that the statements Preamble queues
+	// change no session state that outlives the transaction (a
+	// transaction-level lock, say, or SET LOCAL): with it, as without a
+	// preamble, a transaction in which fn sent nothing on the connection
+	// ([Conn.Reclaim]) ends without the reset, which has nothing to undo.
+	// Like [Conn.MarkClean], the caller vouches for every statement.
+	PreambleChangesNoState bool
+
 	// PreambleContext, when set, governs BEGIN and the preamble instead of
 	// the call's context, which still governs fn and COMMIT. A lock helper
 	// uses it to give a lock wait its own cancellation policy.
@@ -40,7 +48,9 @@ type TxOptions struct {
 // The COMMIT and the reset of the session ([Conn.Reset]: identity,
 // settings and session state restored, session-level advisory locks
 // dropped) share one round trip, so a session lock, a SET ROLE or a SET that
-// fn left behind never reaches the pool.
+// fn left behind never reaches the pool. When fn sent nothing on the
+// connection ([Conn.Reclaim]) and there is no preamble, or one the caller
+// vouches for (PreambleChangesNoState), COMMIT (or ROLLBACK) runs alone.
 //
 // ctx governs acquiring, BEGIN with the preamble, fn and COMMIT. When the
 // preamble or fn fails, the transaction is rolled back (and the session
@@ -96,6 +106,13 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 		opts = &TxOptions{}
 	}
 	c.Lend(ctx) // fn gets the transaction, and with it the connection
+	// BEGIN and a preamble that changes no session state are c's own:
+	// until fn runs, c counts as not lent (a failure rolls back without
+	// the reset), and what fn sends is counted from after them.
+	own := opts.Preamble == nil || opts.PreambleChangesNoState
+	if own {
+		c.lent = false
+	}
 	c.batch = pgx.Batch{QueuedQueries: c.queued[:0]}
 	clear(c.queued[:])
 	b := &c.batch
@@ -114,8 +131,13 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 		// failure here (or a connection pgx already closed) destroys c.
 		return joinCleanup(err, c.rollback(ctx))
 	}
+	if own {
+		c.Lend(ctx)
+	}
 
-	if fnErr := runGuarded(c, fn, ctx, tx); fnErr != nil {
+	fnErr := runGuarded(c, fn, ctx, tx)
+	c.Reclaim() // fn sent nothing: COMMIT or ROLLBACK alone
+	if fnErr != nil {
 		return joinCleanup(fnErr, c.rollback(ctx))
 	}
 	return c.commit(ctx)
@@ -146,12 +168,17 @@ func (c *Conn) commit(ctx context.Context) error {
 	}
 	failed := pg.TxStatus() == 'E' // COMMIT will answer ROLLBACK
 	// One simple-protocol round trip: COMMIT, then the statements of the
-	// reset. The server stops at the first error. The answers are read
-	// message by message (readAnswers): no allocation per statement.
+	// reset (none when fn sent nothing: see Reclaim). The server stops at
+	// the first error. The answers are read message by message
+	// (readAnswers): no allocation per statement.
+	want := 1
+	if c.lent {
+		want += c.ResetCount()
+	}
 	results, commitErr, err := c.execCommit(ctx, failed)
 	if commitErr == nil || errors.Is(commitErr, pgx.ErrTxCommitRollback) {
 		// COMMIT answered. The reset ran after it unless err says otherwise.
-		if err != nil || results < 1+c.ResetCount() {
+		if err != nil || results < want {
 			c.MarkDirty(&CleanupError{Step: "reset", Err: errors.Join(err, errResetIncomplete)})
 		} else {
 			c.clean = true
@@ -164,7 +191,11 @@ func (c *Conn) commit(ctx context.Context) error {
 	var pgErr *pgconn.PgError
 	if errors.As(commitErr, &pgErr) && pgErr.Severity == "ERROR" && !c.conn.IsClosed() && pg.TxStatus() == 'I' {
 		// The server refused the COMMIT and rolled back; the statements
-		// after it were skipped. Reset on their own.
+		// after it were skipped. Reset on their own, where fn ran any.
+		if !c.lent {
+			c.clean = true
+			return fmt.Errorf("%w: %w", ErrNotCommitted, commitErr)
+		}
 		cctx, cancel := CleanupContext(ctx, c.timeout)
 		defer cancel()
 		_ = c.Reset(cctx)
@@ -175,14 +206,19 @@ func (c *Conn) commit(ctx context.Context) error {
 	return fmt.Errorf("%w: %w", ErrCommitUnknown, commitErr)
 }
 
-// execCommit sends "COMMIT; <reset>" and reads the answers under ctx. It
+// execCommit sends "COMMIT; <reset>" (COMMIT alone on a connection not
+// lent: see Reclaim) and reads the answers under ctx. It
 // returns how many statements completed, COMMIT's own outcome (nil,
 // pgx.ErrTxCommitRollback when the transaction had failed, the server's
 // error, or, when COMMIT got no answer, the connection's error) and the
 // first error of the whole string.
 func (c *Conn) execCommit(ctx context.Context, failed bool) (results int, commitErr, err error) {
 	pg := c.conn.PgConn()
-	c.query.String = "COMMIT; " + c.resetSQL()
+	if c.lent {
+		c.query.String = "COMMIT; " + c.resetSQL()
+	} else {
+		c.query.String = "COMMIT"
+	}
 	fe := pg.Frontend()
 	fe.Send(&c.query)
 	if err = fe.Flush(); err != nil {
@@ -217,19 +253,32 @@ func (c *Conn) execCommit(ctx context.Context, failed bool) (results int, commit
 	return results, commitErr, err
 }
 
-// rollback ends whatever transaction is open on c and resets the session,
-// in one round trip under a bounded context that ignores ctx's
-// cancellation. A failure marks c dirty and returns a *CleanupError with
-// Step "rollback"; a connection pgx has already closed is marked dirty and
-// nil is returned (its session is over).
+// rollback ends whatever transaction is open on c and resets the session
+// (only where c is lent: a connection that ran only its caller's own
+// statements needs the ROLLBACK alone), in one round trip under a bounded
+// context that ignores ctx's cancellation. A failure marks c dirty and
+// returns a *CleanupError with Step "rollback"; a connection pgx has
+// already closed is marked dirty and nil is returned (its session is
+// over).
 func (c *Conn) rollback(ctx context.Context) error {
 	if c.conn.IsClosed() {
 		c.MarkDirty(errors.New("pooltx: connection closed"))
 		return nil
 	}
-	sql := c.resetSQL()
+	sql := ""
+	if c.lent {
+		sql = c.resetSQL()
+	}
 	if c.conn.PgConn().TxStatus() != 'I' {
-		sql = "ROLLBACK; " + sql
+		if sql == "" {
+			sql = "ROLLBACK"
+		} else {
+			sql = "ROLLBACK; " + sql
+		}
+	}
+	if sql == "" {
+		c.clean = true
+		return nil
 	}
 	cctx, cancel := CleanupContext(ctx, c.timeout)
 	defer cancel()

@@ -88,3 +88,8 @@ func (cn *conn) SetWriteDeadline(t time.Time) error {
 	cn.count(t)
 	return cn.Conn.SetWriteDeadline(t)
 }
+
+// NetConn returns the connection it wraps, as crypto/tls's Conn does, so
+// that code reading the socket's state (pooltx's count of bytes written)
+// finds it. The wrapper does not buffer.
+func (cn *conn) NetConn() net.Conn { return cn.Conn }

@@ -58,3 +58,8 @@ func (cn *conn) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// NetConn returns the connection it wraps, as crypto/tls's Conn does, so
+// that code reading the socket's state (pgxlock's pooltx counts the bytes
+// written to it) finds it. The wrapper does not buffer.
+func (cn *conn) NetConn() net.Conn { return cn.Conn }

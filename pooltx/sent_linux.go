@@ -1,0 +1,75 @@
+//go:build linux
+
+package pooltx
+
+import (
+	"net"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// meter reads the count of bytes the kernel has taken for one TCP socket.
+type meter struct {
+	raw  syscall.RawConn // nil: cannot be read
+	read func(fd uintptr)
+	info unix.TCPInfo
+	n    uint64
+	ok   bool
+}
+
+// newMeter returns a meter for nc, or nil when nc is not a TCP socket
+// (after unwrapping NetConn methods: *tls.Conn has one).
+func newMeter(nc net.Conn) *meter {
+	tc := tcpConn(nc)
+	if tc == nil {
+		return nil
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	m := &meter{raw: raw}
+	m.read = m.readFD
+	return m
+}
+
+func tcpConn(nc net.Conn) *net.TCPConn {
+	for range 8 {
+		switch c := nc.(type) {
+		case *net.TCPConn:
+			return c
+		case interface{ NetConn() net.Conn }:
+			nc = c.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// tcpiSentEnd is how much of struct tcp_info a kernel must fill for
+// tcpi_bytes_sent (Linux 4.19) to be read.
+const tcpiSentEnd = unsafe.Offsetof(unix.TCPInfo{}.Bytes_sent) + unsafe.Sizeof(unix.TCPInfo{}.Bytes_sent)
+
+func (m *meter) readFD(fd uintptr) {
+	l := uint32(unix.SizeofTCPInfo)
+	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.IPPROTO_TCP, unix.TCP_INFO,
+		uintptr(unsafe.Pointer(&m.info)), uintptr(unsafe.Pointer(&l)), 0)
+	m.ok = e == 0 && uintptr(l) >= tcpiSentEnd
+	m.n = m.info.Bytes_sent + uint64(m.info.Notsent_bytes)
+}
+
+// sent returns the socket's count of bytes written by the application
+// (sent, retransmissions included, plus queued and not yet sent), and
+// whether it could be read.
+func (m *meter) sent() (uint64, bool) {
+	if m.raw == nil {
+		return 0, false
+	}
+	if err := m.raw.Control(m.read); err != nil {
+		return 0, false
+	}
+	return m.n, m.ok
+}
