@@ -117,6 +117,30 @@ func rawSessionLock(ctx context.Context, pool *pgxpool.Pool, vals []int64) error
 	return nil
 }
 
+// rawSessionLockWork is rawSessionLock of one key with one statement
+// between the lock and the unlock.
+func rawSessionLockWork(ctx context.Context, pool *pgxpool.Pool, v int64) error {
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	if _, err := c.Exec(ctx, "SELECT pg_advisory_lock($1)", v); err != nil {
+		return err
+	}
+	if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+		return err
+	}
+	var ok bool
+	if err := c.QueryRow(ctx, "SELECT pg_advisory_unlock($1)", v).Scan(&ok); err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("unlock %d: not held", v)
+	}
+	return nil
+}
+
 // rawXactLock is the naive transaction form: BEGIN, one lock statement per
 // key, COMMIT, each a round trip.
 func rawXactLock(ctx context.Context, pool *pgxpool.Pool, vals []int64) error {
@@ -388,6 +412,22 @@ func BenchmarkPaired(b *testing.B) {
 			impl{"raw", func(ctx context.Context) error { return rawSessionLock(ctx, raw.pool, vals) }},
 			impl{"advisory", func(ctx context.Context) error { return adv.l.WithLock(ctx, k, nil, noopSession) }},
 			impl{"advisory-deadline", func(context.Context) error { return advDL.l.WithLock(dl, kDL, nil, noopSession) }})
+	})
+	// A callback that runs one statement on its connection: the library's
+	// call then ends with the unlock and the reset (the callback sent
+	// something), raw pgx's with the unlock alone.
+	b.Run("op=WithLockOneStatement", func(b *testing.B) {
+		raw, adv := newBenchEnv(b), newBenchEnv(b)
+		_, vals := benchKeys(b, 1)
+		k := key(b)
+		paired(b,
+			impl{"raw", func(ctx context.Context) error { return rawSessionLockWork(ctx, raw.pool, vals[0]) }},
+			impl{"advisory", func(ctx context.Context) error {
+				return adv.l.WithLock(ctx, k, nil, func(ctx context.Context, c *pgx.Conn) error {
+					_, err := c.Exec(ctx, "SELECT 1")
+					return err
+				})
+			}})
 	})
 	b.Run("op=TryWithLock", func(b *testing.B) {
 		raw, adv := newBenchEnv(b), newBenchEnv(b)

@@ -84,7 +84,11 @@ func (c *Conn) probe() int {
 // failure to prepare marks c dirty. Lend also notes the socket's count of
 // bytes written, for [Conn.Reclaim]: lent code that sent nothing needs no
 // reset.
-func (c *Conn) Lend(ctx context.Context) *pgx.Conn {
+func (c *Conn) Lend(ctx context.Context) *pgx.Conn { return c.lend(ctx, true) }
+
+// lend is Lend; mark false leaves the count for Reclaim unnoted (Tx notes
+// it after its own BEGIN).
+func (c *Conn) lend(ctx context.Context, mark bool) *pgx.Conn {
 	c.lent = true
 	c.clean = false
 	c.marked = false
@@ -97,7 +101,9 @@ func (c *Conn) Lend(ctx context.Context) *pgx.Conn {
 			return c.conn
 		}
 	}
-	c.markSent()
+	if mark {
+		c.markSent()
+	}
 	return c.conn
 }
 

@@ -105,11 +105,11 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 	if opts == nil {
 		opts = &TxOptions{}
 	}
-	c.Lend(ctx) // fn gets the transaction, and with it the connection
 	// BEGIN and a preamble that changes no session state are c's own:
 	// until fn runs, c counts as not lent (a failure rolls back without
 	// the reset), and what fn sends is counted from after them.
 	own := opts.Preamble == nil || opts.PreambleChangesNoState
+	c.lend(ctx, !own) // fn gets the transaction, and with it the connection
 	if own {
 		c.lent = false
 	}
@@ -132,7 +132,8 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 		return joinCleanup(err, c.rollback(ctx))
 	}
 	if own {
-		c.Lend(ctx)
+		c.lent = true
+		c.markSent()
 	}
 
 	fnErr := runGuarded(c, fn, ctx, tx)
