@@ -53,9 +53,11 @@ func tcpConn(nc net.Conn) *net.TCPConn {
 // tcpi_bytes_sent (Linux 4.19) to be read.
 const tcpiSentEnd = unsafe.Offsetof(unix.TCPInfo{}.Bytes_sent) + unsafe.Sizeof(unix.TCPInfo{}.Bytes_sent)
 
+// readFD reads TCP_INFO; getsockopt does not block, so the raw syscall
+// (no scheduler hand-off) serves.
 func (m *meter) readFD(fd uintptr) {
 	l := uint32(unix.SizeofTCPInfo)
-	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.IPPROTO_TCP, unix.TCP_INFO,
+	_, _, e := unix.RawSyscall6(unix.SYS_GETSOCKOPT, fd, unix.IPPROTO_TCP, unix.TCP_INFO,
 		uintptr(unsafe.Pointer(&m.info)), uintptr(unsafe.Pointer(&l)), 0)
 	m.ok = e == 0 && uintptr(l) >= tcpiSentEnd
 	m.n = m.info.Bytes_sent + uint64(m.info.Notsent_bytes)
