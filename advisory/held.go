@@ -61,8 +61,19 @@ func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock) error {
 	// No holder connection can take the keys: a new one, which the calls
 	// that come while it connects share (they pick it and wait for its
 	// turn) rather than each opening one.
-	for retried := false; ; retried = true {
-		hc := l.openHolder(h)
+	for retried := false; ; {
+		hc, opened := l.pickOrOpen(h)
+		if !opened {
+			// Another call opened one since pick above: share it.
+			err := hc.tryOn(ctx, wctx, h, false)
+			if !errors.Is(err, errGone) {
+				return err
+			}
+			if wctx.Err() != nil {
+				return &LockError{Op: a.op, Keys: a.s.all, Err: classify(ctx, context.Cause(wctx))}
+			}
+			continue // abandoned, retired or lost meanwhile: pick or open again
+		}
 		var c *pooltx.Conn
 		var err error
 		if !retried {
@@ -89,6 +100,7 @@ func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock) error {
 		}
 		// A pooled connection found dead before anything was locked (see
 		// diedIdle): once more on another.
+		retried = true
 	}
 }
 

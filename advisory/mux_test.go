@@ -581,9 +581,11 @@ func TestGrantedWaiterBecomesASharedHolder(t *testing.T) {
 
 // Calls that arrive together on a Locker with no holder connection yet
 // share the one the first of them opens (they wait for its turn) instead
-// of each opening one: 50 TryLocks started at once pin one or two
-// connections, not 50 (contrib/gocron's fleet test saw up to 50 on the
-// first tick before).
+// of each opening one: 50 TryLocks started at once pin one connection, not
+// 50 (contrib/gocron's fleet test saw up to 50 on the first tick before),
+// and not two or three (the calls that found no holder before the first
+// had recorded its new one opened their own, until pick and open became
+// one step: 2 and 3 backends under load).
 func TestConcurrentFirstTryLocksJoinTheHolderBeingOpened(t *testing.T) {
 	ctx := testCtx(t)
 	admin := pgtest.Pool(t)
@@ -610,8 +612,8 @@ func TestConcurrentFirstTryLocksJoinTheHolderBeingOpened(t *testing.T) {
 		}
 		held := holderBackends(ctx, t, admin, app)
 		t.Logf("round %d: 50 concurrent first TryLocks on %d holder backends (%d acquired)", round, held, pool.Stat().AcquiredConns())
-		assert.LessOrEqual(t, held, 2, "round %d", round)
-		assert.LessOrEqual(t, pool.Stat().AcquiredConns(), int32(2), "round %d", round)
+		assert.Equal(t, 1, held, "round %d", round)
+		assert.EqualValues(t, 1, pool.Stat().AcquiredConns(), "round %d", round)
 		for _, h := range hs {
 			require.NoError(t, h.Unlock(ctx))
 		}

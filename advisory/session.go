@@ -21,7 +21,9 @@ import (
 // it or keep it after returning. Any session-level advisory lock fn leaves
 // on conn is released with the lock, and whatever fn changed in the
 // session (settings, role, session authorization, temporary tables, LISTEN,
-// cursors) is reset in the unlock's round trip (see pooltx.Conn.Reset). A
+// cursors) is reset in the unlock's round trip (see pooltx.Conn.Reset); an
+// fn that sent nothing on conn changed nothing, and the unlock runs alone
+// (pooltx.Conn.Reclaim). A
 // transaction fn begins must end before fn returns (a COMMIT or ROLLBACK of
 // its own is fine): one left open or aborted is rolled back before the
 // unlock, and the call returns an error matching ErrCallbackInTx. One fn
@@ -474,7 +476,8 @@ func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 // (pooltx.Conn.Lend), pooltx's reset follows in the same round trip (any
 // other session-level advisory lock dropped, identity, settings and session
 // state restored); on one that ran only this package's statements (a
-// handle, Hold, a lock given back at once), the unlock is enough: those
+// handle, Hold, a lock given back at once, a callback's connection the
+// callback sent nothing on: pooltx.Conn.Reclaim), the unlock is enough: those
 // statements change nothing else in the session, and c is marked clean. A
 // false unlock (the lock was not held) or a failure marks c dirty.
 func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, r *request) error {

@@ -109,6 +109,17 @@ func (l *Locker) newHolder(ctx context.Context, c *pooltx.Conn, h *Lock) *holder
 // it and wait for its turn instead of each opening a connection of its
 // own. If no connection comes, the caller abandons it.
 func (l *Locker) openHolder(h *Lock) *holderConn {
+	hc := l.emptyHolder()
+	l.holders.mu.Lock()
+	hc.link(h)
+	l.holders.list = append(l.holders.list, hc)
+	l.holders.mu.Unlock()
+	return hc
+}
+
+// emptyHolder returns a holder connection with no connection and nothing
+// recorded, its turn held by the caller.
+func (l *Locker) emptyHolder() *holderConn {
 	hc := &holderConn{
 		l:      l,
 		turn:   make(fifo, 1),
@@ -116,11 +127,30 @@ func (l *Locker) openHolder(h *Lock) *holderConn {
 		inUse:  1,
 	}
 	hc.turn <- struct{}{}
-	l.holders.mu.Lock()
-	hc.link(h)
-	l.holders.list = append(l.holders.list, hc)
-	l.holders.mu.Unlock()
 	return hc
+}
+
+// pickOrOpen is pick and, when no holder connection can take h's keys,
+// openHolder, under one hold of holders.mu: of the calls that find none
+// at the same moment only the first opens one, and the others pick it
+// (opened false) and wait for its turn. With pick and openHolder apart,
+// every call that found none before the first had recorded its new
+// holder opened one too: 50 concurrent first TryLocks pinned three
+// connections under load.
+func (l *Locker) pickOrOpen(h *Lock) (hc *holderConn, opened bool) {
+	hs := &l.holders
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	for _, hc := range hs.list {
+		if !hc.hasAny(h.a.s.all) {
+			hc.link(h)
+			return hc, false
+		}
+	}
+	hc = l.emptyHolder()
+	hc.link(h)
+	hs.list = append(hs.list, hc)
+	return hc, true
 }
 
 // attach gives hc, opened by openHolder, its connection and starts its

@@ -26,7 +26,9 @@ import (
 // Config.CleanupTimeout; a panic in fn destroys the connection and is
 // re-raised. After the call the pooled connection holds no advisory lock
 // and no setting fn changed, a session-level lock or SET included: COMMIT
-// or ROLLBACK shares its round trip with pooltx's reset.
+// or ROLLBACK shares its round trip with pooltx's reset (COMMIT or
+// ROLLBACK runs alone when fn sent nothing on the connection:
+// pooltx.Conn.Reclaim).
 //
 // fn may commit or roll back the transaction itself: that is accepted, its
 // outcome stands, and the lock ends with it (whatever fn runs afterwards
