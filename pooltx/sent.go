@@ -41,7 +41,6 @@ func (c *Conn) meter() *meter {
 // markSent notes the socket's count for Reclaim.
 func (c *Conn) markSent() {
 	c.mark, c.marked = c.meter().sent()
-	c.marked = c.marked && c.mark > 0 // something was sent before: the count works
 }
 
 // Reclaim records that the code c was lent to ([Conn.Lend]) has returned,

@@ -59,7 +59,10 @@ func (m *meter) readFD(fd uintptr) {
 	l := uint32(unix.SizeofTCPInfo)
 	_, _, e := unix.RawSyscall6(unix.SYS_GETSOCKOPT, fd, unix.IPPROTO_TCP, unix.TCP_INFO,
 		uintptr(unsafe.Pointer(&m.info)), uintptr(unsafe.Pointer(&l)), 0)
-	m.ok = e == 0 && uintptr(l) >= tcpiSentEnd
+	// A socket pgx has used has sent its startup message: a kernel that
+	// fills the field but leaves it 0 (a sandbox's partial TCP_INFO) is
+	// not counting, and the reset must run.
+	m.ok = e == 0 && uintptr(l) >= tcpiSentEnd && m.info.Bytes_sent > 0
 	m.n = m.info.Bytes_sent + uint64(m.info.Notsent_bytes)
 }
 
