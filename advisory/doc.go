@@ -97,8 +97,8 @@
 // caller's ctx governs it, not CleanupTimeout). Handles and Hold, whose connections
 // run only this package's statements, unlock their own keys without a
 // reset, and so does a callback that sent nothing on its connection (on
-// Linux over TCP the kernel's count of bytes written tells: see pooltx's
-// "Work that sent nothing"), which cannot have changed the session; its
+// Linux over TCP the kernel's counts for the socket tell: see pooltx's
+// "Work that sent nothing"), which cannot have changed the session's state; its
 // transaction-scope form ends with COMMIT alone. The unlock's boolean is checked: false means the lock was not held
 // any more, which the call reports as [ErrNotHeld] while the connection is
 // destroyed (and, on a shared holder connection, every other lock on it is

@@ -53,10 +53,10 @@ type Conn struct {
 	conn    *pgx.Conn
 	timeout time.Duration
 	dirty   error
-	clean   bool   // the session is known to be as the pool gave it: Release skips the reset
-	lent    bool   // handed to code the caller does not control (Lend)
-	marked  bool   // mark holds the socket's count of bytes written at Lend (Reclaim)
-	mark    uint64 // see meter
+	clean   bool    // the session is known to be as the pool gave it: Release skips the reset
+	lent    bool    // handed to code the caller does not control (Lend)
+	marked  bool    // mark holds the socket's counts at the Lend that began the lending (Reclaim)
+	mark    traffic // see meter
 
 	// The batch that begins a transaction ([Conn.Tx]), kept here so that
 	// a transaction allocates neither it nor, for up to len(queued)

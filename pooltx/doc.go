@@ -20,13 +20,13 @@
 // # The reset
 //
 // Its invariant: after any work lent a connection, the next borrower sees
-// the connection as the pool gave it out: what a fresh connection of the
-// pool sees, or a fresh connection. Before every release of a connection
+// the connection as the pool gave it out (after a reset, what a fresh
+// connection of the pool sees), or a fresh connection. Before every release of a connection
 // that was lent to code the caller does not control ([Conn.Lend]:
 // [WithConn], [WithTx] and the callback and batch helpers of package
 // advisory do), whatever that code did, one simple-protocol string runs
-// ([Conn.Reset]), unless that code sent nothing on the connection (see
-// "Work that sent nothing" below):
+// ([Conn.Reset]), unless that code left the connection exactly as it
+// found it (see "Work that sent nothing" below):
 //
 //	RESET SESSION AUTHORIZATION; RESET ROLE; SELECT pg_catalog.pg_advisory_unlock_all();
 //	CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP
@@ -49,8 +49,8 @@
 //   - Every setting goes back to its value at connection start: the
 //     server's, database's and role's defaults and the connection string's
 //     RuntimeParams (e.g. ?search_path=app in the DSN) survive. A SET run
-//     in pgxpool's AfterConnect does not survive the first release by this
-//     package: put such settings in RuntimeParams.
+//     in pgxpool's AfterConnect does not survive the connection's first
+//     reset: put such settings in RuntimeParams.
 //   - pgx's statement cache keeps working after a DEALLOCATE ALL (or pgx's
 //     Conn.DeallocateAll): on a connection that uses it (the default
 //     QueryExecModeCacheStatement), the first [Conn.Lend] prepares a probe
@@ -75,23 +75,30 @@
 //
 // # Work that sent nothing
 //
-// A session changes only by what its client sends. So [Conn.Lend] notes
-// the kernel's count of bytes written to the connection's socket (Linux,
-// TCP, TLS included: TCP_INFO's tcpi_bytes_sent plus tcpi_notsent_bytes,
-// so bytes a frozen network still queues count), and [Conn.Reclaim],
-// called when the lent code has returned, flushes whatever it handed
-// pgx's frontend without flushing and compares: an equal count means the
-// code sent nothing, and the connection goes back without the reset (as
-// the pool gave it out: state another borrower of the pool left on it,
+// A session's state changes only by what its client sends (the server may
+// end the session, which the check below sees). So [Conn.Lend] notes the
+// kernel's counts for the connection's socket (Linux, TCP, TLS included:
+// TCP_INFO's tcpi_bytes_sent plus tcpi_notsent_bytes, so bytes a frozen
+// network still queues count, tcpi_bytes_received, and the TCP state), and
+// [Conn.Reclaim], called when the lent code has returned, flushes whatever
+// it handed pgx's frontend without flushing, clears any deadline it set on
+// the socket, and compares: nothing written, nothing received (not a
+// notice, a notification, nor the error of a session the server ended) and
+// the connection still established both ways mean the code left the
+// session as it found it, and the connection goes back without the reset
+// (as the pool gave it out: state another borrower of the pool left on it,
 // through pgxpool alone, is left as it was), a transaction ends with
-// COMMIT or ROLLBACK alone. [WithConn], [WithTx] and advisory's callback
-// helpers do this; a [TxOptions.Preamble] counts as lent code unless the
-// caller sets [TxOptions.PreambleChangesNoState]. Where the count cannot
-// be read (another OS, a Unix-domain socket, a DialFunc whose net.Conn
-// does not unwrap to a *net.TCPConn through NetConn methods) the reset
-// always runs. Lent code must not leave a goroutine that uses the
-// connection after it returned (it may not in any case), and a DialFunc
-// wrapper that unwraps by NetConn must not buffer writes.
+// COMMIT or ROLLBACK alone. Once lent code has sent or received anything,
+// the connection stays lent until its release: a later Lend, [Conn.Tx] or
+// Reclaim does not make it quiet again. [WithConn], [WithTx] and
+// advisory's callback helpers do this; a [TxOptions.Preamble] counts as
+// lent code unless the caller sets [TxOptions.PreambleChangesNoState].
+// Where the counts cannot be read (another OS, a Unix-domain socket, a
+// DialFunc whose net.Conn does not unwrap to a *net.TCPConn through NetConn
+// methods) the reset always runs. Lent code must not leave a goroutine that
+// uses the connection after it returned (it may not in any case); a
+// DialFunc or AfterNetConnect wrapper that unwraps by NetConn, and the
+// writer of a custom BuildFrontend, must not buffer writes.
 //
 // What the reset does not undo, and why:
 //

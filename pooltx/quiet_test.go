@@ -2,7 +2,9 @@ package pooltx_test
 
 import (
 	"context"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -122,4 +124,119 @@ func TestPreambleIsResetUnlessVouchedFor(t *testing.T) {
 	require.NoError(t, pooltx.WithTx(ctx, pool, opts, func(context.Context, pgx.Tx) error { return nil }))
 	name, _ = appName(ctx, t, pool)
 	assert.Equal(t, "left-by-another", name, "a vouched-for preamble and a quiet fn: COMMIT alone")
+}
+
+// A lend is not forgotten: once code lent the connection has sent
+// anything, a later quiet step (Tx with a quiet fn, another Lend, Reclaim)
+// does not let the connection go back without the reset.
+func TestEarlierLendIsNotForgotten(t *testing.T) {
+	ctx := testCtx(t)
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	pool := pgtest.NewPool(t, cfg)
+	fresh, _ := appName(ctx, t, pool)
+	dirty := func(ctx context.Context, c *pgx.Conn) {
+		t.Helper()
+		_, err := c.Exec(ctx, "SELECT set_config('application_name', 'left-by-lent-code', false), pg_advisory_lock(4242)")
+		require.NoError(t, err)
+	}
+	check := func(what string) {
+		t.Helper()
+		name, _ := appName(ctx, t, pool)
+		assert.Equal(t, fresh, name, what)
+		pgtest.AssertNoAdvisoryLocks(t, pool)
+	}
+
+	c, err := pooltx.Acquire(ctx, pool, nil)
+	require.NoError(t, err)
+	dirty(ctx, c.Lend(ctx))
+	require.NoError(t, c.Tx(ctx, nil, func(context.Context, pgx.Tx) error { return nil }))
+	assert.True(t, c.Lent(), "a quiet Tx after lent code that sent something")
+	assert.False(t, c.Release(), "reset, kept")
+	check("Lend, work, then a quiet Tx")
+
+	require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
+		dirty(ctx, c.Conn())
+		c.Lend(ctx)
+		return nil
+	}))
+	check("work, then Lend again")
+
+	require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
+		dirty(ctx, c.Conn())
+		assert.False(t, c.Reclaim())
+		c.Lend(ctx)
+		assert.False(t, c.Reclaim(), "found sent once: stays lent")
+		return nil
+	}))
+	check("work, Reclaim, Lend, Reclaim")
+
+	// What the work LISTENed for and got notified of is dropped with the
+	// reset, a quiet Tx after it notwithstanding.
+	require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
+		if _, err := c.Conn().Exec(ctx, "LISTEN pgxlock_quiet; NOTIFY pgxlock_quiet, 'for the lent code only'"); err != nil {
+			return err
+		}
+		return c.Tx(ctx, nil, func(context.Context, pgx.Tx) error { return nil })
+	}))
+	next, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer next.Release()
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	n, err := next.Conn().WaitForNotification(wctx)
+	assert.Nil(t, n, "another borrower's notification")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// Quiet work that broke the connection without sending a statement (shut
+// its write side, set a deadline on its socket) or during which the server
+// ended the session does not hand the next borrower a dead connection:
+// the shutdown and the server's farewell are seen in the socket's state and
+// received bytes (the reset then runs and fails, and the connection is
+// destroyed), and a deadline is cleared.
+func TestQuietWorkOnABrokenConnection(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	cases := map[string]func(ctx context.Context, c *pooltx.Conn){
+		"write side shut down": func(_ context.Context, c *pooltx.Conn) {
+			nc := c.Conn().PgConn().Conn()
+			if u, ok := nc.(interface{ NetConn() net.Conn }); ok {
+				nc = u.NetConn()
+			}
+			tc, ok := nc.(*net.TCPConn)
+			require.True(t, ok, "%T", nc)
+			require.NoError(t, tc.CloseWrite())
+		},
+		"deadline in the past": func(_ context.Context, c *pooltx.Conn) {
+			require.NoError(t, c.Conn().PgConn().Conn().SetDeadline(time.Now().Add(-time.Second)))
+		},
+		"session ended by the server": func(ctx context.Context, c *pooltx.Conn) {
+			pid := c.Conn().PgConn().PID()
+			_, err := admin.Exec(ctx, "SELECT pg_terminate_backend($1)", int64(pid))
+			require.NoError(t, err)
+			for { // the backend has exited once it is gone from pg_stat_activity
+				var n int
+				require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", int64(pid)).Scan(&n))
+				if n == 0 {
+					return
+				}
+				require.NoError(t, ctx.Err())
+			}
+		},
+	}
+	for name, work := range cases {
+		t.Run(name, func(t *testing.T) {
+			cfg := pgtest.Config(t)
+			cfg.MaxConns = 1
+			pool := pgtest.NewPool(t, cfg)
+			_, _ = appName(ctx, t, pool)
+			require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
+				work(ctx, c)
+				return nil
+			}))
+			var one int
+			require.NoError(t, pool.QueryRow(ctx, "SELECT 1").Scan(&one), "the next borrower's connection works")
+		})
+	}
 }

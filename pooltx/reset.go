@@ -74,8 +74,9 @@ func (c *Conn) probe() int {
 
 // Lend returns the connection for code the caller does not control (a
 // callback, or statements of its caller's batch) and records that it was
-// lent: from then on Release runs the whole reset, and [Conn.MarkClean] must
-// not be called. On a connection whose pgx statement cache is in use,
+// lent: from then on Release runs the whole reset, unless [Conn.Reclaim]
+// finds that the code left the connection as it found it, and
+// [Conn.MarkClean] must not be called. On a connection whose pgx statement cache is in use,
 // the first Lend also prepares the reset's probe (one round trip, once in
 // the connection's life, bounded by the cleanup timeout: ctx contributes
 // only its values), so that a DEALLOCATE ALL run by that code
@@ -89,6 +90,14 @@ func (c *Conn) Lend(ctx context.Context) *pgx.Conn { return c.lend(ctx, true) }
 // lend is Lend; mark false leaves the count for Reclaim unnoted (Tx notes
 // it after its own BEGIN).
 func (c *Conn) lend(ctx context.Context, mark bool) *pgx.Conn {
+	if c.lent {
+		// Lent again, and not found quiet since: the counts of the Lend
+		// that began the lending stand (or, where Reclaim found something
+		// sent, none do), so the earlier code's statements are never
+		// forgotten.
+		c.clean = false
+		return c.conn
+	}
 	c.lent = true
 	c.clean = false
 	c.marked = false

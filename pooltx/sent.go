@@ -1,20 +1,23 @@
 package pooltx
 
-// Whether lent code sent anything.
+import "time"
+
+// Whether lent code left the connection as it found it.
 //
 // A connection lent to code the caller does not control ([Conn.Lend]) is
 // reset before it goes back to the pool, because that code may have changed
 // the session. Code that sent nothing to the server cannot have: a
 // session's state changes only by statements the client sends. So Lend
-// notes how many bytes the kernel has taken for the connection's socket
-// (on Linux over TCP, TLS included: TCP_INFO's tcpi_bytes_sent, which
-// counts retransmissions too, plus tcpi_notsent_bytes, what is queued
-// but not yet sent), and [Conn.Reclaim] compares after the code returned:
-// equal means nothing was written, and no reset is needed. Bytes handed to
-// pgx's frontend but not flushed are flushed first, so they count. Where
-// the count cannot be read (another OS, a Unix-domain socket, a DialFunc
-// whose net.Conn does not unwrap to a *net.TCPConn by NetConn methods),
-// the reset always runs.
+// notes the kernel's counts for the connection's socket (on Linux over
+// TCP, TLS included: TCP_INFO's tcpi_bytes_sent, which counts
+// retransmissions too, plus tcpi_notsent_bytes, what is queued but not yet
+// sent; tcpi_bytes_received; the TCP state), and [Conn.Reclaim] compares
+// after the code returned: nothing written, nothing received and still
+// established means no reset is needed. Bytes handed to pgx's frontend but
+// not flushed are flushed first, so they count; a deadline left on the
+// socket is cleared. Where the counts cannot be read (another OS, a
+// Unix-domain socket, a DialFunc whose net.Conn does not unwrap to a
+// *net.TCPConn by NetConn methods), the reset always runs.
 
 // meterKey is the key of a connection's *meter in pgconn's per-connection
 // CustomData.
@@ -38,29 +41,42 @@ func (c *Conn) meter() *meter {
 	return m
 }
 
-// markSent notes the socket's count for Reclaim.
+// traffic is what the kernel has counted on a socket (see meter).
+type traffic struct {
+	written, received uint64
+	established       bool
+}
+
+// markSent notes the socket's counts for Reclaim.
 func (c *Conn) markSent() {
-	c.mark, c.marked = c.meter().sent()
+	c.mark, c.marked = c.meter().traffic()
+	c.marked = c.marked && c.mark.established
 }
 
 // Reclaim records that the code c was lent to ([Conn.Lend]) has returned,
-// and reports whether that code sent nothing on the connection: where the
-// kernel's count of bytes written to the connection's socket can be read
-// (Linux, over TCP, TLS included), it is compared with the count Lend
-// noted, after flushing whatever that code handed pgx's frontend without
-// flushing. Equal means no statement reached the server: the session is as
-// it was when lent, and c counts as never lent ([Conn.Lent] reports false),
-// so that its release runs no reset on that code's account. Anywhere else,
-// or when anything was written, c stays lent. A failed flush marks c
-// dirty. Nothing else may have used the connection since Lend (a
-// goroutine the code started must not use it after the code returned);
-// a net.Conn of a custom DialFunc that unwraps by a NetConn method must
-// not buffer writes.
+// and reports whether that code, and everything lent c since its last
+// reset, left the connection as it found it: where the kernel's counts for
+// the connection's socket can be read (Linux, over TCP, TLS included), they
+// are compared with those noted by the Lend that began the lending (the
+// pin's first, or the first since Reclaim last found c quiet), after
+// flushing whatever that code handed pgx's frontend without flushing, and
+// after clearing any deadline it set on the socket. Quiet means no byte
+// was written (no statement reached the server), none was received (the
+// server sent nothing: not a notice, a notification or the error of a
+// session it ended) and neither side shut the connection down: the session
+// is as it was when lent, and c counts as never lent ([Conn.Lent] reports
+// false), so that its release runs no reset on that code's account.
+// Anywhere else, or when anything moved, c stays lent, and a later Lend or
+// Reclaim does not undo that until the reset has run. A failed flush marks
+// c dirty. Nothing else may have used the connection since Lend (a
+// goroutine the code started must not use it after the code returned); a
+// net.Conn of a custom DialFunc that unwraps by a NetConn method must not
+// buffer writes.
 func (c *Conn) Reclaim() (quiet bool) {
 	if !c.lent || !c.marked || c.dirty != nil || c.conn.IsClosed() {
 		return false
 	}
-	c.marked = false
+	c.marked = false // from here on c stays lent unless found quiet now
 	pg := c.conn.PgConn()
 	if pg.IsBusy() {
 		return false
@@ -72,7 +88,11 @@ func (c *Conn) Reclaim() (quiet bool) {
 		c.MarkDirty(&CleanupError{Step: "reclaim", Err: err})
 		return false
 	}
-	n, ok := c.meter().sent()
+	if err := pg.Conn().SetDeadline(time.Time{}); err != nil { // a fresh connection has none
+		c.MarkDirty(&CleanupError{Step: "reclaim", Err: err})
+		return false
+	}
+	n, ok := c.meter().traffic()
 	if !ok || n != c.mark {
 		return false
 	}

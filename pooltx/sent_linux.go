@@ -10,12 +10,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// meter reads the count of bytes the kernel has taken for one TCP socket.
+// meter reads, for one TCP socket, the kernel's counts of bytes written
+// by the application and of bytes received, and whether the connection is
+// still established both ways.
 type meter struct {
 	raw  syscall.RawConn // nil: cannot be read
 	read func(fd uintptr)
 	info unix.TCPInfo
-	n    uint64
+	n    traffic
 	ok   bool
 }
 
@@ -50,8 +52,14 @@ func tcpConn(nc net.Conn) *net.TCPConn {
 }
 
 // tcpiSentEnd is how much of struct tcp_info a kernel must fill for
-// tcpi_bytes_sent (Linux 4.19) to be read.
+// tcpi_bytes_sent (Linux 4.19) to be read; tcpi_bytes_received (4.1) and
+// tcpi_notsent_bytes (4.6) come before it.
 const tcpiSentEnd = unsafe.Offsetof(unix.TCPInfo{}.Bytes_sent) + unsafe.Sizeof(unix.TCPInfo{}.Bytes_sent)
+
+// tcpEstablished is TCP_ESTABLISHED of the kernel's tcp_states.h: neither
+// side has shut down. A write side shut down (FIN_WAIT1/2) or a peer that
+// closed its side (CLOSE_WAIT: the server ended the session) is another.
+const tcpEstablished = 1
 
 // readFD reads TCP_INFO; getsockopt does not block, so the raw syscall
 // (no scheduler hand-off) serves.
@@ -63,18 +71,22 @@ func (m *meter) readFD(fd uintptr) {
 	// fills the field but leaves it 0 (a sandbox's partial TCP_INFO) is
 	// not counting, and the reset must run.
 	m.ok = e == 0 && uintptr(l) >= tcpiSentEnd && m.info.Bytes_sent > 0
-	m.n = m.info.Bytes_sent + uint64(m.info.Notsent_bytes)
+	m.n = traffic{
+		written:     m.info.Bytes_sent + uint64(m.info.Notsent_bytes),
+		received:    m.info.Bytes_received,
+		established: m.info.State == tcpEstablished,
+	}
 }
 
-// sent returns the socket's count of bytes written by the application
-// (sent, retransmissions included, plus queued and not yet sent), and
-// whether it could be read.
-func (m *meter) sent() (uint64, bool) {
+// traffic reads the socket's counts (written: sent, retransmissions
+// included, plus queued and not yet sent; received), and whether they
+// could be read.
+func (m *meter) traffic() (traffic, bool) {
 	if m.raw == nil {
-		return 0, false
+		return traffic{}, false
 	}
 	if err := m.raw.Control(m.read); err != nil {
-		return 0, false
+		return traffic{}, false
 	}
 	return m.n, m.ok
 }

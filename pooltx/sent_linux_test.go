@@ -47,16 +47,19 @@ func TestMeterCountsBytesSentAndQueued(t *testing.T) {
 	client, _ := tcpPair(t)
 	m := newMeter(client)
 	require.NotNil(t, m)
-	_, ok := m.sent()
+	_, ok := m.traffic()
 	require.False(t, ok, "a socket that has sent nothing does not count as measured")
 	_, err := client.Write([]byte{0})
 	require.NoError(t, err)
-	n0, ok := m.sent()
+	t0, ok := m.traffic()
+	n0 := t0.written
+	require.True(t, t0.established)
 	require.True(t, ok, "TCP_INFO's tcpi_bytes_sent readable (Linux 4.19 or later)")
 
 	_, err = client.Write(make([]byte, 100))
 	require.NoError(t, err)
-	n1, ok := m.sent()
+	t1, ok := m.traffic()
+	n1 := t1.written
 	require.True(t, ok)
 	assert.Equal(t, n0+100, n1)
 
@@ -75,7 +78,8 @@ func TestMeterCountsBytesSentAndQueued(t *testing.T) {
 		}
 	}
 	require.Greater(t, written, 64<<10)
-	n2, ok := m.sent()
+	t2, ok := m.traffic()
+	n2 := t2.written
 	require.True(t, ok)
 	assert.Equal(t, n1+uint64(written), n2, "queued bytes count as written")
 }
@@ -90,7 +94,7 @@ func TestMeterUnwrapsTLSAndRefusesUnixSockets(t *testing.T) {
 	require.NotNil(t, m, "found the TCP socket under TLS")
 	_, err := client.Write([]byte{0})
 	require.NoError(t, err)
-	_, ok := m.sent()
+	_, ok := m.traffic()
 	assert.True(t, ok)
 
 	path := filepath.Join(t.TempDir(), "s")

@@ -9,4 +9,4 @@ type meter struct{}
 
 func newMeter(net.Conn) *meter { return nil }
 
-func (*meter) sent() (uint64, bool) { return 0, false }
+func (*meter) traffic() (traffic, bool) { return traffic{}, false }

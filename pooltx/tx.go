@@ -108,7 +108,9 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 	// BEGIN and a preamble that changes no session state are c's own:
 	// until fn runs, c counts as not lent (a failure rolls back without
 	// the reset), and what fn sends is counted from after them.
-	own := opts.Preamble == nil || opts.PreambleChangesNoState
+	// (On a connection already lent, and not reset since, nothing is c's
+	// own: the earlier lend stands.)
+	own := (opts.Preamble == nil || opts.PreambleChangesNoState) && !c.lent
 	c.lend(ctx, !own) // fn gets the transaction, and with it the connection
 	if own {
 		c.lent = false
