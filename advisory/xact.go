@@ -238,6 +238,9 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 			x.sp.released(errors.New("callback panicked; connection destroyed"))
 		}
 	}()
+	// c is as the pool gave it out (only this package's statements, none
+	// that change the session, ran on it): a quiet fn leaves it clean.
+	c.MarkClean()
 	err := c.Tx(ctx, txOpts, func(ctx context.Context, tx pgx.Tx) error {
 		w.stop()
 		t.leave()

@@ -54,7 +54,9 @@ type Conn struct {
 	timeout time.Duration
 	dirty   error
 	clean   bool    // the session is known to be as the pool gave it: Release skips the reset
-	lent    bool    // handed to code the caller does not control (Lend)
+	lent    bool    // handed to code the caller does not control (Lend), and not found quiet since (Reclaim)
+	wasLent bool    // lent at any time during the pin: queued notifications are dropped at release
+	txClean bool    // c.clean when Tx began: what a COMMIT or ROLLBACK without the reset leaves
 	marked  bool    // mark holds the socket's counts at the Lend that began the lending (Reclaim)
 	mark    traffic // see meter
 
@@ -143,7 +145,7 @@ func (c *Conn) Release() (destroyed bool) {
 	pc := c.pc
 	c.pc = nil
 	if c.dirty == nil && !c.conn.IsClosed() && !pg.IsBusy() && pg.TxStatus() == 'I' {
-		if c.lent {
+		if c.wasLent {
 			dropNotifications(c.conn)
 		}
 		pc.Release()
@@ -213,7 +215,8 @@ func (c *Conn) Destroy(reason error) {
 // be, identity, settings and session state included, with no session-level
 // advisory lock (one round trip, see [Conn.Reset]), or it is destroyed;
 // when fn sent nothing on it ([Conn.Reclaim]), it goes back as it came,
-// with no round trip. ctx governs acquiring
+// with no round trip (a session the server ended while its last words were
+// still on the way aside: see the package doc). ctx governs acquiring
 // the connection and is passed to fn; the reset runs under the cleanup
 // bound. fn's error is returned as is. A panic in fn destroys the
 // connection and is re-raised. fn must not call Release itself.

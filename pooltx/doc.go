@@ -82,13 +82,18 @@
 // network still queues count, tcpi_bytes_received, and the TCP state), and
 // [Conn.Reclaim], called when the lent code has returned, flushes whatever
 // it handed pgx's frontend without flushing, clears any deadline it set on
-// the socket, and compares: nothing written, nothing received (not a
-// notice, a notification, nor the error of a session the server ended) and
-// the connection still established both ways mean the code left the
-// session as it found it, and the connection goes back without the reset
+// the socket, and compares: nothing written, nothing received or waiting
+// to be read (not a notice, a notification, nor the error of a session the
+// server ended) and the connection still open both ways mean the code left
+// the session as it found it, and the connection goes back without the reset
 // (as the pool gave it out: state another borrower of the pool left on it,
 // through pgxpool alone, is left as it was), a transaction ends with
-// COMMIT or ROLLBACK alone. Once lent code has sent or received anything,
+// COMMIT or ROLLBACK alone (which vouch for nothing run on the connection
+// before the transaction began: [WithTx] starts from a connection fresh
+// from the pool). A session the server ends while its last words are still
+// on the way is not seen, and reaches the next borrower ended, as an idle
+// connection of the pool whose session ended would (pgxpool pings one idle
+// for over a second). Once lent code has sent or received anything,
 // the connection stays lent until its release: a later Lend, [Conn.Tx] or
 // Reclaim does not make it quiet again. [WithConn], [WithTx] and
 // advisory's callback helpers do this; a [TxOptions.Preamble] counts as

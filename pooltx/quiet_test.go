@@ -2,11 +2,13 @@ package pooltx_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -171,6 +173,15 @@ func TestEarlierLendIsNotForgotten(t *testing.T) {
 	}))
 	check("work, Reclaim, Lend, Reclaim")
 
+	// Lent code that calls Reclaim itself, before its work, does not lose
+	// the drop of what its LISTEN queued.
+	require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
+		assert.True(t, c.Reclaim())
+		_, err := c.Conn().Exec(ctx, "LISTEN pgxlock_quiet; NOTIFY pgxlock_quiet, 'for the lent code only'")
+		return err
+	}))
+	noNotification(ctx, t, pool)
+
 	// What the work LISTENed for and got notified of is dropped with the
 	// reset, a quiet Tx after it notwithstanding.
 	require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
@@ -179,6 +190,13 @@ func TestEarlierLendIsNotForgotten(t *testing.T) {
 		}
 		return c.Tx(ctx, nil, func(context.Context, pgx.Tx) error { return nil })
 	}))
+	noNotification(ctx, t, pool)
+}
+
+// noNotification asserts that the next borrower of pool gets no
+// notification within 200 ms.
+func noNotification(ctx context.Context, t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
 	next, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer next.Release()
@@ -187,6 +205,50 @@ func TestEarlierLendIsNotForgotten(t *testing.T) {
 	n, err := next.Conn().WaitForNotification(wctx)
 	assert.Nil(t, n, "another borrower's notification")
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// Tx's COMMIT or ROLLBACK without the reset vouches for nothing its caller
+// ran on the connection before Tx: those statements are undone at release
+// as they would be without the Tx.
+func TestQuietTxDoesNotVouchForWhatRanBefore(t *testing.T) {
+	ctx := testCtx(t)
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	pool := pgtest.NewPool(t, cfg)
+	fresh, _ := appName(ctx, t, pool)
+	errWork := errors.New("work failed")
+	for name, tx := range map[string]func(c *pooltx.Conn) error{
+		"commit": func(c *pooltx.Conn) error {
+			return c.Tx(ctx, nil, func(context.Context, pgx.Tx) error { return nil })
+		},
+		"rollback": func(c *pooltx.Conn) error {
+			err := c.Tx(ctx, nil, func(context.Context, pgx.Tx) error { return errWork })
+			if errors.Is(err, errWork) {
+				return nil
+			}
+			return err
+		},
+		"vouched preamble refused": func(c *pooltx.Conn) error {
+			opts := &pooltx.TxOptions{PreambleChangesNoState: true, Preamble: func(b *pgx.Batch) {
+				b.Queue("SELECT 1").Exec(func(pgconn.CommandTag) error { return errWork })
+			}}
+			err := c.Tx(ctx, opts, func(context.Context, pgx.Tx) error { return nil })
+			if errors.Is(err, errWork) {
+				return nil
+			}
+			return err
+		},
+	} {
+		c, err := pooltx.Acquire(ctx, pool, nil)
+		require.NoError(t, err)
+		_, err = c.Conn().Exec(ctx, "SELECT set_config('application_name', 'run-before-tx', false), pg_advisory_lock(4343)")
+		require.NoError(t, err)
+		require.NoError(t, tx(c), name)
+		assert.False(t, c.Release(), name)
+		got, _ := appName(ctx, t, pool)
+		assert.Equal(t, fresh, got, name)
+		pgtest.AssertNoAdvisoryLocks(t, pool)
+	}
 }
 
 // Quiet work that broke the connection without sending a statement (shut
@@ -207,6 +269,15 @@ func TestQuietWorkOnABrokenConnection(t *testing.T) {
 			tc, ok := nc.(*net.TCPConn)
 			require.True(t, ok, "%T", nc)
 			require.NoError(t, tc.CloseWrite())
+		},
+		"read side shut down": func(_ context.Context, c *pooltx.Conn) {
+			nc := c.Conn().PgConn().Conn()
+			if u, ok := nc.(interface{ NetConn() net.Conn }); ok {
+				nc = u.NetConn()
+			}
+			tc, ok := nc.(*net.TCPConn)
+			require.True(t, ok, "%T", nc)
+			require.NoError(t, tc.CloseRead()) // no byte sent, the TCP state stays ESTABLISHED
 		},
 		"deadline in the past": func(_ context.Context, c *pooltx.Conn) {
 			require.NoError(t, c.Conn().PgConn().Conn().SetDeadline(time.Now().Add(-time.Second)))

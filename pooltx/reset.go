@@ -99,6 +99,7 @@ func (c *Conn) lend(ctx context.Context, mark bool) *pgx.Conn {
 		return c.conn
 	}
 	c.lent = true
+	c.wasLent = true
 	c.clean = false
 	c.marked = false
 	if c.dirty != nil || c.conn.IsClosed() {

@@ -12,8 +12,9 @@ import "time"
 // TCP, TLS included: TCP_INFO's tcpi_bytes_sent, which counts
 // retransmissions too, plus tcpi_notsent_bytes, what is queued but not yet
 // sent; tcpi_bytes_received; the TCP state), and [Conn.Reclaim] compares
-// after the code returned: nothing written, nothing received and still
-// established means no reset is needed. Bytes handed to pgx's frontend but
+// after the code returned: nothing written, nothing received, nothing
+// waiting to be read (a peek, MSG_PEEK|MSG_DONTWAIT, that also sees a read
+// side shut) and still established means no reset is needed. Bytes handed to pgx's frontend but
 // not flushed are flushed first, so they count; a deadline left on the
 // socket is cleared. Where the counts cannot be read (another OS, a
 // Unix-domain socket, a DialFunc whose net.Conn does not unwrap to a
@@ -61,13 +62,18 @@ func (c *Conn) markSent() {
 // pin's first, or the first since Reclaim last found c quiet), after
 // flushing whatever that code handed pgx's frontend without flushing, and
 // after clearing any deadline it set on the socket. Quiet means no byte
-// was written (no statement reached the server), none was received (the
-// server sent nothing: not a notice, a notification or the error of a
-// session it ended) and neither side shut the connection down: the session
-// is as it was when lent, and c counts as never lent ([Conn.Lent] reports
+// was written (no statement reached the server), none was received and
+// none waits to be read (nothing from the server has arrived: not a
+// notice, a notification or the error of a session it ended), and the
+// connection is open both ways (no FIN sent or received, no read side
+// shut): the session is as it was when lent, and c counts as never lent ([Conn.Lent] reports
 // false), so that its release runs no reset on that code's account.
 // Anywhere else, or when anything moved, c stays lent, and a later Lend or
-// Reclaim does not undo that until the reset has run. A failed flush marks
+// Reclaim does not undo that until the reset has run. (A session the
+// server ends while its last words are still on the way is not seen: the
+// next borrower then finds it ended, as it would find an idle connection
+// of the pool whose session ended; pgxpool pings a connection idle for
+// over a second before it hands it out.) A failed flush marks
 // c dirty. Nothing else may have used the connection since Lend (a
 // goroutine the code started must not use it after the code returned); a
 // net.Conn of a custom DialFunc that unwraps by a NetConn method must not
@@ -92,8 +98,9 @@ func (c *Conn) Reclaim() (quiet bool) {
 		c.MarkDirty(&CleanupError{Step: "reclaim", Err: err})
 		return false
 	}
-	n, ok := c.meter().traffic()
-	if !ok || n != c.mark {
+	m := c.meter()
+	n, ok := m.traffic()
+	if !ok || n != c.mark || !m.nothingToRead() {
 		return false
 	}
 	c.lent = false

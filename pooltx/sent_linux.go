@@ -19,6 +19,10 @@ type meter struct {
 	info unix.TCPInfo
 	n    traffic
 	ok   bool
+
+	peek  func(fd uintptr)
+	buf   [1]byte
+	empty bool // the last peek found nothing to read and no end of stream
 }
 
 // newMeter returns a meter for nc, or nil when nc is not a TCP socket
@@ -34,6 +38,7 @@ func newMeter(nc net.Conn) *meter {
 	}
 	m := &meter{raw: raw}
 	m.read = m.readFD
+	m.peek = m.peekFD
 	return m
 }
 
@@ -89,4 +94,26 @@ func (m *meter) traffic() (traffic, bool) {
 		return traffic{}, false
 	}
 	return m.n, m.ok
+}
+
+// peekFD asks, without waiting and without taking anything, whether the
+// socket has a byte to read or its read side has ended (a FIN received, or
+// shutdown(SHUT_RD), which leaves the TCP state ESTABLISHED): only EAGAIN
+// means neither.
+func (m *meter) peekFD(fd uintptr) {
+	_, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&m.buf[0])), 1,
+		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	m.empty = e == unix.EAGAIN
+}
+
+// nothingToRead reports whether the socket has nothing to read and its
+// read side is open (false where that cannot be told).
+func (m *meter) nothingToRead() bool {
+	if m.raw == nil {
+		return false
+	}
+	if err := m.raw.Control(m.peek); err != nil {
+		return false
+	}
+	return m.empty
 }

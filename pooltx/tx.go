@@ -83,6 +83,7 @@ func WithTx(ctx context.Context, pool *pgxpool.Pool, opts *TxOptions, fn func(ct
 		return err
 	}
 	defer c.Release()
+	c.MarkClean() // as the pool gave it out: nothing has run on it
 	return c.Tx(ctx, opts, fn)
 }
 
@@ -97,8 +98,10 @@ func WithTxValue[T any](ctx context.Context, pool *pgxpool.Pool, opts *TxOptions
 	return v, err
 }
 
-// Tx runs one transaction on the pinned connection c, exactly as [WithTx]
-// does, without releasing c afterwards. Any doubt about the outcome marks c
+// Tx runs one transaction on the pinned connection c, as [WithTx] does,
+// without releasing c afterwards. A COMMIT or ROLLBACK that runs without
+// the reset (fn sent nothing, see WithTx) leaves c as clean as it was
+// before Tx: what its caller ran on c before is still reset at release. Any doubt about the outcome marks c
 // dirty so that its eventual Release destroys it. opts.CleanupTimeout is
 // ignored in favour of c's own.
 func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Context, tx pgx.Tx) error) error {
@@ -111,6 +114,11 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 	// (On a connection already lent, and not reset since, nothing is c's
 	// own: the earlier lend stands.)
 	own := (opts.Preamble == nil || opts.PreambleChangesNoState) && !c.lent
+	// A COMMIT or ROLLBACK that runs alone (no reset) leaves c as clean as
+	// it was before: statements its caller ran on c before Tx are not
+	// vouched for by Tx (WithTx vouches for a connection fresh from the
+	// pool with MarkClean).
+	c.txClean = c.clean
 	c.lend(ctx, !own) // fn gets the transaction, and with it the connection
 	if own {
 		c.lent = false
@@ -181,10 +189,13 @@ func (c *Conn) commit(ctx context.Context) error {
 	results, commitErr, err := c.execCommit(ctx, failed)
 	if commitErr == nil || errors.Is(commitErr, pgx.ErrTxCommitRollback) {
 		// COMMIT answered. The reset ran after it unless err says otherwise.
-		if err != nil || results < want {
+		switch {
+		case err != nil || results < want:
 			c.MarkDirty(&CleanupError{Step: "reset", Err: errors.Join(err, errResetIncomplete)})
-		} else {
-			c.clean = true
+		case c.lent:
+			c.clean = true // the reset ran
+		default:
+			c.clean = c.txClean
 		}
 		if commitErr != nil {
 			return fmt.Errorf("%w: %w", ErrNotCommitted, commitErr)
@@ -196,7 +207,7 @@ func (c *Conn) commit(ctx context.Context) error {
 		// The server refused the COMMIT and rolled back; the statements
 		// after it were skipped. Reset on their own, where fn ran any.
 		if !c.lent {
-			c.clean = true
+			c.clean = c.txClean
 			return fmt.Errorf("%w: %w", ErrNotCommitted, commitErr)
 		}
 		cctx, cancel := CleanupContext(ctx, c.timeout)
@@ -280,7 +291,7 @@ func (c *Conn) rollback(ctx context.Context) error {
 		}
 	}
 	if sql == "" {
-		c.clean = true
+		c.clean = c.txClean
 		return nil
 	}
 	cctx, cancel := CleanupContext(ctx, c.timeout)
@@ -295,7 +306,7 @@ func (c *Conn) rollback(ctx context.Context) error {
 		c.MarkDirty(cerr)
 		return cerr
 	}
-	c.clean = true
+	c.clean = c.lent || c.txClean // with the reset, or as clean as before Tx
 	return nil
 }
 
