@@ -133,8 +133,9 @@
 //     statement. The server's own statements are not for the work to
 //     replace; the reset cannot tell them apart cheaply.
 //   - State of the *pgx.Conn on the client: types registered on its
-//     TypeMap, its PgConn's CustomData. Register types in pgxpool's
-//     AfterConnect, for every connection alike.
+//     TypeMap, its PgConn's CustomData, options set on its socket.
+//     Register types in pgxpool's AfterConnect, for every connection
+//     alike.
 //   - What is sent to the server bypassing pgx (PgConn().Frontend() with
 //     answers left unread) leaves the connection out of step with its
 //     answers.
