@@ -55,7 +55,8 @@ type Conn struct {
 	dirty   error
 	clean   bool    // the session is known to be as the pool gave it: Release skips the reset
 	lent    bool    // handed to code the caller does not control (Lend), and not found quiet since (Reclaim)
-	wasLent bool    // lent at any time during the pin: queued notifications are dropped at release
+	wasLent bool    // lent at any time during the pin: queued notifications are dropped at release...
+	quiet   bool    // ...unless the last Reclaim found c quiet (nothing received: nothing queued)
 	txClean bool    // c.clean when Tx began: what a COMMIT or ROLLBACK without the reset leaves
 	marked  bool    // mark holds the socket's counts at the Lend that began the lending (Reclaim)
 	mark    traffic // see meter
@@ -145,7 +146,7 @@ func (c *Conn) Release() (destroyed bool) {
 	pc := c.pc
 	c.pc = nil
 	if c.dirty == nil && !c.conn.IsClosed() && !pg.IsBusy() && pg.TxStatus() == 'I' {
-		if c.wasLent {
+		if c.wasLent && !c.quiet {
 			dropNotifications(c.conn)
 		}
 		pc.Release()

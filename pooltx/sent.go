@@ -79,6 +79,7 @@ func (c *Conn) markSent() {
 // net.Conn of a custom DialFunc that unwraps by a NetConn method must not
 // buffer writes.
 func (c *Conn) Reclaim() (quiet bool) {
+	defer func() { c.quiet = quiet }()
 	if !c.lent || !c.marked || c.dirty != nil || c.conn.IsClosed() {
 		return false
 	}
