@@ -446,7 +446,12 @@ func TestFrozenNetworkLosesEveryLockOnTheHolder(t *testing.T) {
 		assert.ErrorIs(t, h.Unlock(ctx), advisory.ErrLockLost)
 	}
 	proxy.CloseCut()
-	assert.Zero(t, pool.Stat().AcquiredConns())
+	// The holders hear of the loss before the holder connection is
+	// destroyed (a destroy over a frozen network may take its whole
+	// bound), so the pool sees it back only once the destroy is done;
+	// nothing signals that but the pool's count.
+	assert.Eventually(t, func() bool { return pool.Stat().AcquiredConns() == 0 }, waitBound, time.Millisecond,
+		"the lost holder connection was destroyed")
 }
 
 // One watcher per holder connection, not per lock: 50 held locks on one holder

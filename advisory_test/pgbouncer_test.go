@@ -272,8 +272,12 @@ func TestPgBouncerSessionLocksLoseExclusion(t *testing.T) {
 	require.NoError(t, c1.QueryRow(ctx, "SELECT pg_advisory_unlock($1)", v).Scan(&ok))
 	assert.False(t, ok, "client 1 still held its lock")
 
-	// The library, opted in with AllowProxy: B enters while A is inside, B's unlock
-	// releases A's lock, and A's unlock finds nothing (ErrNotHeld).
+	// The library, opted in with AllowProxy: B enters while A is inside (the
+	// bouncer ran B's statements on A's backend, where the lock stacks). What
+	// A's unlock then finds depends on what B's release ran there: B's
+	// callback sent nothing, so B's unlock alone, and A's lock is still
+	// stacked under it (nil); after a reset, pg_advisory_unlock_all() would
+	// have taken it (ErrNotHeld). Either way the exclusion was lost.
 	lA := newLocker(t, bouncerPool(t, b), advisory.Config{AllowProxy: true})
 	lB := newLocker(t, bouncerPool(t, b), advisory.Config{AllowProxy: true})
 	bInside := false
@@ -287,7 +291,7 @@ func TestPgBouncerSessionLocksLoseExclusion(t *testing.T) {
 	})
 	assert.NoError(t, bErr)
 	assert.True(t, bInside, "B did not enter while A held the key")
-	assert.ErrorIs(t, aErr, advisory.ErrNotHeld, "A's unlock")
+	assert.True(t, aErr == nil || errors.Is(aErr, advisory.ErrNotHeld), "A's unlock: %v", aErr)
 	t.Logf("AllowProxy: A inside, B.TryWithLock: %v (entered: %v); A's WithLock: %v", bErr, bInside, aErr)
 	assert.True(t, keyFree(t, ctx, direct, k))
 }
