@@ -97,7 +97,9 @@ func TestTerminateHolderHold(t *testing.T) {
 	require.NoError(t, w.err)
 	t.Logf("terminate -> Hold callback ctx cancelled: %v; terminate -> waiter acquired: %v; cause: %v",
 		r.lostAt.Sub(t0), w.acquiredAt.Sub(t0), r.cause)
-	assert.Zero(t, holderPool.Stat().AcquiredConns())
+	// The holders hear of a loss before its connection's destroy ends (by
+	// design); nothing signals the destroy but the pool's count.
+	assert.Eventually(t, func() bool { return holderPool.Stat().AcquiredConns() == 0 }, waitBound, time.Millisecond)
 }
 
 // The handle form: Done closes, Err and Unlock match ErrLockLost (Unlock idempotently),
@@ -135,6 +137,6 @@ func TestTerminateHolderLockHandle(t *testing.T) {
 	uerr := h.Unlock(ctx)
 	assert.ErrorIs(t, uerr, advisory.ErrLockLost, "Unlock after a loss")
 	assert.Equal(t, uerr, h.Unlock(ctx), "Unlock is idempotent")
-	assert.Zero(t, holderPool.Stat().AcquiredConns())
-	assert.Zero(t, holderPool.Stat().TotalConns(), "the dead connection went back to the pool")
+	assert.Eventually(t, func() bool { st := holderPool.Stat(); return st.AcquiredConns() == 0 && st.TotalConns() == 0 },
+		waitBound, time.Millisecond, "the dead connection is destroyed, not back in the pool")
 }
