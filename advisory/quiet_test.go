@@ -66,18 +66,18 @@ func TestQuietCallbackSkipsTheReset(t *testing.T) {
 			cfg.MaxConns = 1
 			pool := pgtest.NewPool(t, cfg)
 			l := newLocker(t, pool, advisory.Config{})
-			fresh, pid := nextAppName(ctx, t, pool)
+			fresh, pid := pgtest.AppName(ctx, t, pool)
 			k := key(t)
 
-			leaveAppName(ctx, t, pool, "left-by-another")
+			pgtest.LeaveAppName(ctx, t, pool, "left-by-another")
 			require.NoError(t, helper(ctx, l, k, false))
-			got, p := nextAppName(ctx, t, pool)
+			got, p := pgtest.AppName(ctx, t, pool)
 			assert.Equal(t, "left-by-another", got, "a quiet callback: no reset")
 			assert.Equal(t, pid, p, "the same connection")
 			assert.Zero(t, advisoryLocksOf(ctx, t, admin, p), "the lock was released all the same")
 
 			require.NoError(t, helper(ctx, l, k, true))
-			got, p = nextAppName(ctx, t, pool)
+			got, p = pgtest.AppName(ctx, t, pool)
 			assert.Equal(t, fresh, got, "a callback that ran a statement: reset")
 			assert.Equal(t, pid, p, "the same connection")
 			assert.Zero(t, advisoryLocksOf(ctx, t, admin, p))
@@ -98,29 +98,11 @@ func TestRefusedXactTryRunsNoReset(t *testing.T) {
 	h, err := other.Lock(ctx, k, nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, h.Unlock(ctx)) }()
-	leaveAppName(ctx, t, pool, "left-by-another")
+	pgtest.LeaveAppName(ctx, t, pool, "left-by-another")
 	err = l.TryWithXactLock(ctx, k, nil, func(context.Context, pgx.Tx) error { return nil })
 	require.True(t, errors.Is(err, advisory.ErrNotAcquired), "%v", err)
-	got, _ := nextAppName(ctx, t, pool)
+	got, _ := pgtest.AppName(ctx, t, pool)
 	assert.Equal(t, "left-by-another", got)
-}
-
-func nextAppName(ctx context.Context, t *testing.T, pool *pgxpool.Pool) (string, uint32) {
-	t.Helper()
-	c, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer c.Release()
-	var name string
-	require.NoError(t, c.QueryRow(ctx, "SELECT current_setting('application_name')").Scan(&name))
-	return name, c.Conn().PgConn().PID()
-}
-
-// leaveAppName sets application_name through pgxpool alone, which puts the
-// connection back as it is.
-func leaveAppName(ctx context.Context, t *testing.T, pool *pgxpool.Pool, name string) {
-	t.Helper()
-	_, err := pool.Exec(ctx, "SET application_name = '"+name+"'", pgx.QueryExecModeSimpleProtocol)
-	require.NoError(t, err)
 }
 
 func advisoryLocksOf(ctx context.Context, t *testing.T, admin *pgxpool.Pool, pid uint32) int {

@@ -18,27 +18,6 @@ import (
 	"github.com/pgxlock/pgxlock/pooltx"
 )
 
-// appName is the application_name and backend of the pool's one connection,
-// read by a borrower that is not pooltx.
-func appName(ctx context.Context, t *testing.T, pool *pgxpool.Pool) (string, uint32) {
-	t.Helper()
-	c, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer c.Release()
-	var name string
-	require.NoError(t, c.QueryRow(ctx, "SELECT current_setting('application_name')").Scan(&name))
-	return name, c.Conn().PgConn().PID()
-}
-
-// leave sets application_name on the pool's one connection through pgxpool
-// alone, which puts the connection back as it is: the state a connection
-// can have when pooltx is given it.
-func leave(ctx context.Context, t *testing.T, pool *pgxpool.Pool, name string) {
-	t.Helper()
-	_, err := pool.Exec(ctx, "SET application_name = '"+name+"'", pgx.QueryExecModeSimpleProtocol)
-	require.NoError(t, err)
-}
-
 // Work that sent nothing on its connection leaves the session as the pool
 // gave it out, and the connection goes back without the reset (Reclaim):
 // state another borrower left is still there, the backend is the same. Work
@@ -48,17 +27,17 @@ func TestQuietWorkGoesBackAsItCame(t *testing.T) {
 	cfg := pgtest.Config(t)
 	cfg.MaxConns = 1
 	pool := pgtest.NewPool(t, cfg)
-	fresh, pid := appName(ctx, t, pool)
+	fresh, pid := pgtest.AppName(ctx, t, pool)
 	require.NotEqual(t, "left-by-another", fresh)
 
-	leave(ctx, t, pool, "left-by-another")
+	pgtest.LeaveAppName(ctx, t, pool, "left-by-another")
 	require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(context.Context, *pooltx.Conn) error { return nil }))
-	name, p := appName(ctx, t, pool)
+	name, p := pgtest.AppName(ctx, t, pool)
 	assert.Equal(t, "left-by-another", name, "WithConn, nothing sent: no reset")
 	assert.Equal(t, pid, p)
 
 	require.NoError(t, pooltx.WithTx(ctx, pool, nil, func(context.Context, pgx.Tx) error { return nil }))
-	name, p = appName(ctx, t, pool)
+	name, p = pgtest.AppName(ctx, t, pool)
 	assert.Equal(t, "left-by-another", name, "WithTx, nothing sent: COMMIT alone")
 	assert.Equal(t, pid, p)
 
@@ -66,16 +45,16 @@ func TestQuietWorkGoesBackAsItCame(t *testing.T) {
 		_, err := c.Conn().Exec(ctx, "SELECT 1")
 		return err
 	}))
-	name, p = appName(ctx, t, pool)
+	name, p = pgtest.AppName(ctx, t, pool)
 	assert.Equal(t, fresh, name, "WithConn, a statement sent: reset")
 	assert.Equal(t, pid, p)
 
-	leave(ctx, t, pool, "left-by-another")
+	pgtest.LeaveAppName(ctx, t, pool, "left-by-another")
 	require.NoError(t, pooltx.WithTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, "SELECT 1")
 		return err
 	}))
-	name, _ = appName(ctx, t, pool)
+	name, _ = pgtest.AppName(ctx, t, pool)
 	assert.Equal(t, fresh, name, "WithTx, a statement sent: reset with COMMIT")
 }
 
@@ -89,7 +68,7 @@ func TestUnflushedWorkIsNotQuiet(t *testing.T) {
 		cfg := pgtest.Config(t)
 		cfg.MaxConns = 1
 		pool := pgtest.NewPool(t, cfg)
-		fresh, _ := appName(ctx, t, pool)
+		fresh, _ := pgtest.AppName(ctx, t, pool)
 		require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(_ context.Context, c *pooltx.Conn) error {
 			fe := c.Conn().PgConn().Frontend()
 			fe.Send(&pgproto3.Query{String: "SET application_name = 'sneaky'"})
@@ -98,7 +77,7 @@ func TestUnflushedWorkIsNotQuiet(t *testing.T) {
 			}
 			return nil
 		}))
-		name, _ := appName(ctx, t, pool)
+		name, _ := pgtest.AppName(ctx, t, pool)
 		assert.Equal(t, fresh, name, "flushed by the work: %v", flush)
 	}
 }
@@ -111,20 +90,20 @@ func TestPreambleIsResetUnlessVouchedFor(t *testing.T) {
 	cfg := pgtest.Config(t)
 	cfg.MaxConns = 1
 	pool := pgtest.NewPool(t, cfg)
-	fresh, _ := appName(ctx, t, pool)
+	fresh, _ := pgtest.AppName(ctx, t, pool)
 	opts := &pooltx.TxOptions{Preamble: func(b *pgx.Batch) {
 		b.Queue("SELECT set_config('application_name', 'from-preamble', false)")
 	}}
 	require.NoError(t, pooltx.WithTx(ctx, pool, opts, func(context.Context, pgx.Tx) error { return nil }))
-	name, _ := appName(ctx, t, pool)
+	name, _ := pgtest.AppName(ctx, t, pool)
 	assert.Equal(t, fresh, name, "the preamble's session-level set_config is reset")
 
-	leave(ctx, t, pool, "left-by-another")
+	pgtest.LeaveAppName(ctx, t, pool, "left-by-another")
 	opts = &pooltx.TxOptions{PreambleChangesNoState: true, Preamble: func(b *pgx.Batch) {
 		b.Queue("SELECT pg_advisory_xact_lock(7)")
 	}}
 	require.NoError(t, pooltx.WithTx(ctx, pool, opts, func(context.Context, pgx.Tx) error { return nil }))
-	name, _ = appName(ctx, t, pool)
+	name, _ = pgtest.AppName(ctx, t, pool)
 	assert.Equal(t, "left-by-another", name, "a vouched-for preamble and a quiet fn: COMMIT alone")
 }
 
@@ -136,7 +115,7 @@ func TestEarlierLendIsNotForgotten(t *testing.T) {
 	cfg := pgtest.Config(t)
 	cfg.MaxConns = 1
 	pool := pgtest.NewPool(t, cfg)
-	fresh, _ := appName(ctx, t, pool)
+	fresh, _ := pgtest.AppName(ctx, t, pool)
 	dirty := func(ctx context.Context, c *pgx.Conn) {
 		t.Helper()
 		_, err := c.Exec(ctx, "SELECT set_config('application_name', 'left-by-lent-code', false), pg_advisory_lock(4242)")
@@ -144,7 +123,7 @@ func TestEarlierLendIsNotForgotten(t *testing.T) {
 	}
 	check := func(what string) {
 		t.Helper()
-		name, _ := appName(ctx, t, pool)
+		name, _ := pgtest.AppName(ctx, t, pool)
 		assert.Equal(t, fresh, name, what)
 		pgtest.AssertNoAdvisoryLocks(t, pool)
 	}
@@ -215,7 +194,7 @@ func TestQuietTxDoesNotVouchForWhatRanBefore(t *testing.T) {
 	cfg := pgtest.Config(t)
 	cfg.MaxConns = 1
 	pool := pgtest.NewPool(t, cfg)
-	fresh, _ := appName(ctx, t, pool)
+	fresh, _ := pgtest.AppName(ctx, t, pool)
 	errWork := errors.New("work failed")
 	for name, tx := range map[string]func(c *pooltx.Conn) error{
 		"commit": func(c *pooltx.Conn) error {
@@ -245,7 +224,7 @@ func TestQuietTxDoesNotVouchForWhatRanBefore(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, tx(c), name)
 		assert.False(t, c.Release(), name)
-		got, _ := appName(ctx, t, pool)
+		got, _ := pgtest.AppName(ctx, t, pool)
 		assert.Equal(t, fresh, got, name)
 		pgtest.AssertNoAdvisoryLocks(t, pool)
 	}
@@ -262,22 +241,10 @@ func TestQuietWorkOnABrokenConnection(t *testing.T) {
 	admin := pgtest.Pool(t)
 	cases := map[string]func(ctx context.Context, c *pooltx.Conn){
 		"write side shut down": func(_ context.Context, c *pooltx.Conn) {
-			nc := c.Conn().PgConn().Conn()
-			if u, ok := nc.(interface{ NetConn() net.Conn }); ok {
-				nc = u.NetConn()
-			}
-			tc, ok := nc.(*net.TCPConn)
-			require.True(t, ok, "%T", nc)
-			require.NoError(t, tc.CloseWrite())
+			require.NoError(t, tcpOf(t, c).CloseWrite())
 		},
 		"read side shut down": func(_ context.Context, c *pooltx.Conn) {
-			nc := c.Conn().PgConn().Conn()
-			if u, ok := nc.(interface{ NetConn() net.Conn }); ok {
-				nc = u.NetConn()
-			}
-			tc, ok := nc.(*net.TCPConn)
-			require.True(t, ok, "%T", nc)
-			require.NoError(t, tc.CloseRead()) // no byte sent, the TCP state stays ESTABLISHED
+			require.NoError(t, tcpOf(t, c).CloseRead()) // no byte sent, the TCP state stays ESTABLISHED
 		},
 		"deadline in the past": func(_ context.Context, c *pooltx.Conn) {
 			require.NoError(t, c.Conn().PgConn().Conn().SetDeadline(time.Now().Add(-time.Second)))
@@ -301,7 +268,7 @@ func TestQuietWorkOnABrokenConnection(t *testing.T) {
 			cfg := pgtest.Config(t)
 			cfg.MaxConns = 1
 			pool := pgtest.NewPool(t, cfg)
-			_, _ = appName(ctx, t, pool)
+			_, _ = pgtest.AppName(ctx, t, pool)
 			require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
 				work(ctx, c)
 				return nil
@@ -310,4 +277,16 @@ func TestQuietWorkOnABrokenConnection(t *testing.T) {
 			require.NoError(t, pool.QueryRow(ctx, "SELECT 1").Scan(&one), "the next borrower's connection works")
 		})
 	}
+}
+
+// tcpOf returns the TCP socket under c (under TLS, if any).
+func tcpOf(t *testing.T, c *pooltx.Conn) *net.TCPConn {
+	t.Helper()
+	nc := c.Conn().PgConn().Conn()
+	if u, ok := nc.(interface{ NetConn() net.Conn }); ok {
+		nc = u.NetConn()
+	}
+	tc, ok := nc.(*net.TCPConn)
+	require.True(t, ok, "%T", nc)
+	return tc
 }
