@@ -159,7 +159,10 @@ func TestHoldRunsAndReleases(t *testing.T) {
 
 func TestListLocksDecodesHoldersAndWaiters(t *testing.T) {
 	ctx := testCtx(t)
-	ns := keys.MustRegisterNamespace(pgtest.UniqueInt32(t), "list-test-"+t.Name())
+	// The name is unique as the id is: a test run again (-count) registers
+	// a new namespace, and a name may be registered once per process.
+	id := pgtest.UniqueInt32(t)
+	ns := keys.MustRegisterNamespace(id, fmt.Sprintf("list-test-%d", id))
 	k := ns.Key(-42)
 	other := key(t)
 	cfg := pgtest.Config(t)
