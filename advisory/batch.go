@@ -180,10 +180,10 @@ func init() {
 			fn += "_shared"
 		}
 		t := &tryAbortSQL[shared]
-		t.one1 = fmt.Sprintf("SELECT 1 / %s($1)::int", fn)
-		t.one2 = fmt.Sprintf("SELECT 1 / %s($1, $2)::int", fn)
-		t.many1 = fmt.Sprintf("SELECT 1 / %s(k)::int FROM unnest($1::int8[]) WITH ORDINALITY AS u(k, n) ORDER BY n", fn)
-		t.many2 = fmt.Sprintf("SELECT 1 / %s(a, b)::int FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS u(a, b, n) ORDER BY n", fn)
+		t.one1 = fmt.Sprintf("SELECT 1 OPERATOR(pg_catalog./) %s($1)::pg_catalog.int4", fn)
+		t.one2 = fmt.Sprintf("SELECT 1 OPERATOR(pg_catalog./) %s($1, $2)::pg_catalog.int4", fn)
+		t.many1 = fmt.Sprintf("SELECT 1 OPERATOR(pg_catalog./) %s(k)::pg_catalog.int4 FROM %s ORDER BY n", fn, sqlInts)
+		t.many2 = fmt.Sprintf("SELECT 1 OPERATOR(pg_catalog./) %s(a, b)::pg_catalog.int4 FROM %s ORDER BY n", fn, sqlPairs)
 	}
 }
 

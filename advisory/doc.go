@@ -386,6 +386,14 @@
 //   - To find and end a stuck holder: [ListLocks] (or "pgxlock locks"),
 //     then pg_terminate_backend(pid); a holder using this package learns
 //     of the loss and stops.
+//   - search_path: every function, operator, type and relation the
+//     package's statements name (those of [ListLocks] included) is named in
+//     pg_catalog, so a search_path that lists another schema before
+//     pg_catalog (from the connection string, ALTER ROLE ... SET or
+//     AfterConnect), where someone has created a function, operator or type of
+//     the same name, cannot redirect them (the pattern of CVE-2018-1058).
+//     The SQL of a callback or batch is the caller's: it resolves names as
+//     the session's search_path says.
 //
 // # PgBouncer
 //

@@ -37,16 +37,19 @@ type LockInfo struct {
 // sqlListLocks lists advisory locks of the current database. Rows are
 // ordered by key, holders before waiters, waiters by wait start.
 const sqlListLocks = `
-SELECT l.classid, l.objid, l.objsubid, l.mode = 'ShareLock', l.granted, coalesce(l.pid, 0),
+SELECT l.classid, l.objid, l.objsubid, l.mode OPERATOR(pg_catalog.=) 'ShareLock', l.granted, coalesce(l.pid, 0),
        coalesce(a.application_name, ''), coalesce(a.state, ''), coalesce(a.query, ''),
        a.backend_start, a.xact_start, a.state_change, l.waitstart,
-       CASE WHEN l.granted OR l.pid IS NULL THEN '{}'::int4[] ELSE pg_blocking_pids(l.pid) END
-FROM pg_locks l
-LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory'
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND (cardinality($1::oid[]) = 0
-       OR (l.classid, l.objid, l.objsubid) IN (SELECT * FROM unnest($1::oid[], $2::oid[], $3::int2[])))
+       CASE WHEN l.granted OR l.pid IS NULL THEN '{}'::pg_catalog.int4[] ELSE pg_catalog.pg_blocking_pids(l.pid) END
+FROM pg_catalog.pg_locks l
+LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+  AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+  AND (pg_catalog.cardinality($1::pg_catalog.oid[]) OPERATOR(pg_catalog.=) 0
+       OR EXISTS (SELECT FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.oid[]), pg_catalog.unnest($2::pg_catalog.oid[]),
+                                         pg_catalog.unnest($3::pg_catalog.int2[])) AS f(c, o, s)
+                  WHERE f.c OPERATOR(pg_catalog.=) l.classid AND f.o OPERATOR(pg_catalog.=) l.objid
+                    AND f.s OPERATOR(pg_catalog.=) l.objsubid))
 ORDER BY l.objsubid, l.classid, l.objid, l.granted DESC, l.waitstart NULLS FIRST, l.pid`
 
 // ListLocks returns the advisory locks held or awaited in db's current

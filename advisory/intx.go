@@ -126,21 +126,21 @@ const (
 var inTxSQL [2]struct{ all, bound, tryAll string }
 
 func init() {
-	const keysFrom = `(SELECT 1 AS sp, n, k, NULL::int4 AS a, NULL::int4 AS b FROM unnest($1::int8[]) WITH ORDINALITY AS x(k, n)
- UNION ALL SELECT 2, n, NULL, a, b FROM unnest($2::int4[], $3::int4[]) WITH ORDINALITY AS y(a, b, n)) AS u`
+	const keysFrom = `(SELECT 1 AS sp, n, k, NULL::pg_catalog.int4 AS a, NULL::pg_catalog.int4 AS b FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[])) WITH ORDINALITY AS x(k, n)
+ UNION ALL SELECT 2, n, NULL, a, b FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.int4[])) WITH ORDINALITY AS y(a, b, n)) AS u`
 	for shared := 0; shared < 2; shared++ {
 		suffix := ""
 		if shared == 1 {
 			suffix = "_shared"
 		}
-		lock := fmt.Sprintf("CASE WHEN a IS NULL THEN pg_advisory_xact_lock%[1]s(k) ELSE pg_advisory_xact_lock%[1]s(a, b) END", suffix)
-		try := fmt.Sprintf("CASE WHEN a IS NULL THEN pg_try_advisory_xact_lock%[1]s(k) ELSE pg_try_advisory_xact_lock%[1]s(a, b) END", suffix)
+		lock := fmt.Sprintf("CASE WHEN a IS NULL THEN %[1]s%[2]s(k) ELSE %[1]s%[2]s(a, b) END", funcNames[kindXactLock], suffix)
+		try := fmt.Sprintf("CASE WHEN a IS NULL THEN %[1]s%[2]s(k) ELSE %[1]s%[2]s(a, b) END", funcNames[kindTryXactLock], suffix)
 		inTxSQL[shared].all = "SELECT " + lock + " FROM " + keysFrom + " ORDER BY sp, n"
-		inTxSQL[shared].bound = "SELECT set_config('lock_timeout', min(v), true) FROM (SELECT v, " +
-			"set_config('lock_timeout', greatest(1, $4::int8 - (extract(epoch FROM clock_timestamp() - t0) * 1000)::int8)::text || 'ms', true) AS s, " +
-			lock + " AS l FROM (SELECT current_setting('lock_timeout') AS v, clock_timestamp() AS t0 OFFSET 0) AS i, " +
+		inTxSQL[shared].bound = "SELECT pg_catalog.set_config('lock_timeout', pg_catalog.min(v), true) FROM (SELECT v, " +
+			"pg_catalog.set_config('lock_timeout', (greatest(1, $4::pg_catalog.int8 OPERATOR(pg_catalog.-) ((extract(epoch FROM pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) t0) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8))::pg_catalog.text OPERATOR(pg_catalog.||) 'ms'), true) AS s, " +
+			lock + " AS l FROM (SELECT pg_catalog.current_setting('lock_timeout') AS v, pg_catalog.clock_timestamp() AS t0 OFFSET 0) AS i, " +
 			keysFrom + " ORDER BY sp, n) AS o"
-		inTxSQL[shared].tryAll = "SELECT 1 / min(ok::int) FROM (SELECT " + try + " AS ok FROM " + keysFrom + " ORDER BY sp, n) AS o"
+		inTxSQL[shared].tryAll = "SELECT 1 OPERATOR(pg_catalog./) pg_catalog.min(ok::pg_catalog.int4) FROM (SELECT " + try + " AS ok FROM " + keysFrom + " ORDER BY sp, n) AS o"
 	}
 }
 

@@ -25,7 +25,7 @@ var ErrProxy = errors.New("advisory: session locks refused through a connection 
 // announces an ID of its own. One round trip.
 func DetectProxy(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	var pid uint32
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT pg_catalog.pg_backend_pid()").Scan(&pid); err != nil {
 		return false, fmt.Errorf("advisory: detect proxy: %w", err)
 	}
 	return pid != conn.PgConn().PID(), nil

@@ -29,11 +29,11 @@ const (
 )
 
 var funcNames = [numKinds]string{
-	kindLock:        "pg_advisory_lock",
-	kindTryLock:     "pg_try_advisory_lock",
-	kindXactLock:    "pg_advisory_xact_lock",
-	kindTryXactLock: "pg_try_advisory_xact_lock",
-	kindUnlock:      "pg_advisory_unlock",
+	kindLock:        "pg_catalog.pg_advisory_lock",
+	kindTryLock:     "pg_catalog.pg_try_advisory_lock",
+	kindXactLock:    "pg_catalog.pg_advisory_xact_lock",
+	kindTryXactLock: "pg_catalog.pg_try_advisory_xact_lock",
+	kindUnlock:      "pg_catalog.pg_advisory_unlock",
 }
 
 // statements holds every statement text, indexed by kind, shared mode and
@@ -72,12 +72,12 @@ func init() {
 			sqlText[k][shared] = statements{
 				one1:        fmt.Sprintf("SELECT %s($1)", fn),
 				one2:        fmt.Sprintf("SELECT %s($1, $2)", fn),
-				many1:       fmt.Sprintf("SELECT %s(k) FROM unnest($1::int8[]) WITH ORDINALITY AS u(k, n) ORDER BY %s", fn, order),
-				many2:       fmt.Sprintf("SELECT %s(a, b) FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS u(a, b, n) ORDER BY %s", fn, order),
-				oneTimeout1: fmt.Sprintf("SELECT %s($1) FROM (SELECT set_config('lock_timeout', $2, true)) AS s", fn),
-				oneTimeout2: fmt.Sprintf("SELECT %s($1, $2) FROM (SELECT set_config('lock_timeout', $3, true)) AS s", fn),
-				manyBound1:  fmt.Sprintf("SELECT set_config('lock_timeout', %s, true), %s(k) FROM unnest($1::int8[]) WITH ORDINALITY AS u(k, n) ORDER BY n", leftOf("$2"), fn),
-				manyBound2:  fmt.Sprintf("SELECT set_config('lock_timeout', %s, true), %s(a, b) FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS u(a, b, n) ORDER BY n", leftOf("$3"), fn),
+				many1:       fmt.Sprintf("SELECT %s(k) FROM %s ORDER BY %s", fn, sqlInts, order),
+				many2:       fmt.Sprintf("SELECT %s(a, b) FROM %s ORDER BY %s", fn, sqlPairs, order),
+				oneTimeout1: fmt.Sprintf("SELECT %s($1) FROM (SELECT pg_catalog.set_config('lock_timeout', $2, true)) AS s", fn),
+				oneTimeout2: fmt.Sprintf("SELECT %s($1, $2) FROM (SELECT pg_catalog.set_config('lock_timeout', $3, true)) AS s", fn),
+				manyBound1:  fmt.Sprintf("SELECT pg_catalog.set_config('lock_timeout', %s, true), %s(k) FROM %s ORDER BY n", leftOf("$2"), fn, sqlInts),
+				manyBound2:  fmt.Sprintf("SELECT pg_catalog.set_config('lock_timeout', %s, true), %s(a, b) FROM %s ORDER BY n", leftOf("$3"), fn, sqlPairs),
 			}
 		}
 	}
@@ -89,13 +89,13 @@ func init() {
 // after the sort, left to right: each key's wait gets what the keys before
 // it left.
 func leftOf(param string) string {
-	return "greatest(1, " + param + "::int8 - (extract(epoch FROM clock_timestamp() - now()) * 1000)::int8)::text || 'ms'"
+	return "(greatest(1, " + param + "::pg_catalog.int8 OPERATOR(pg_catalog.-) ((extract(epoch FROM pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.now()) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8))::pg_catalog.text OPERATOR(pg_catalog.||) 'ms')"
 }
 
 const (
 	// sqlSetTimeout sets lock_timeout until the end of the current
 	// (implicit or explicit) transaction: SET LOCAL with a parameter.
-	sqlSetTimeout = "SELECT set_config('lock_timeout', $1, true)"
+	sqlSetTimeout = "SELECT pg_catalog.set_config('lock_timeout', $1, true)"
 	// sqlRestoreTimeout follows the lock statements of a transaction-scope
 	// call that set lock_timeout (sqlSetTimeout), so that the callback runs
 	// with the connection's default lock_timeout: the value at connection
@@ -295,3 +295,10 @@ func boundMillis(d time.Duration) int64 {
 	}
 	return int64(ms)
 }
+
+// The key lists of the multi-key statements, in array order: n, the
+// position, orders the locks.
+const (
+	sqlInts  = "ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[])) WITH ORDINALITY AS u(k, n)"
+	sqlPairs = "ROWS FROM (pg_catalog.unnest($1::pg_catalog.int4[]), pg_catalog.unnest($2::pg_catalog.int4[])) WITH ORDINALITY AS u(a, b, n)"
+)

@@ -177,6 +177,9 @@ func checkerConn(ctx context.Context, pool *pgxpool.Pool) (*pgx.Conn, error) {
 		cc.RuntimeParams = map[string]string{}
 	}
 	cc.RuntimeParams["application_name"] = checkerAppName
+	// The checker's query names pg_catalog's relations, but its operators
+	// and casts would follow a search_path the test set on the pool.
+	cc.RuntimeParams["search_path"] = "pg_catalog"
 	cc.Tracer = nil
 	cc.OnNotice = nil
 	cc.OnNotification = nil
