@@ -91,8 +91,8 @@ const (
 	// and matches nothing: exactly one wins.
 	columnAcquireSQL = `
 WITH claimed AS (
-	UPDATE {t} SET {at} = now(), {by} = $2, {fence} = {next_fence}
-	WHERE {id} = $1 AND ({at} IS NULL OR {at} < now() - $3::interval - {pad})
+	UPDATE {t} SET {at} = pg_catalog.now(), {by} = $2, {fence} = {next_fence}
+	WHERE {id} = $1 AND ({at} IS NULL OR {at} < pg_catalog.now() - $3::interval - {pad})
 	RETURNING {fence} AS token
 )
 SELECT (SELECT token FROM claimed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
@@ -106,8 +106,8 @@ SELECT (SELECT token FROM claimed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
 	// ($6): see columnReleaseSQL.
 	columnRenewSQL = `
 WITH renewed AS (
-	UPDATE {t} SET {at} = now()
-	WHERE {id} = $1 AND {by} = $2 AND {fence} = $6 AND {at} >= now() - $3::interval - {pad}
+	UPDATE {t} SET {at} = pg_catalog.now()
+	WHERE {id} = $1 AND {by} = $2 AND {fence} = $6 AND {at} >= pg_catalog.now() - $3::interval - {pad}
 	RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM renewed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`

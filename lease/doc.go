@@ -188,6 +188,16 @@
 // (below), measured with Go's monotonic clock from before the acquiring
 // statement was sent, which is never later than the server's now().
 //
+// The clock and the transaction's frame are pg_catalog's whatever the
+// session's search_path: the statements call pg_catalog.now(),
+// pg_catalog.set_config and pg_catalog.current_setting (and
+// pg_catalog.pg_advisory_xact_lock in Migrate), so a schema listed before
+// pg_catalog that defines functions of those names does not reach a lease
+// decision. The rest of a statement (the operators that compare your
+// columns, whose types may come from any schema, and the tables) resolves
+// through the search_path, as your own SQL does: keep pg_catalog first, as it
+// is when the search_path does not name it.
+//
 // A column lease stores when it was locked, not when it expires, so every
 // process leasing the same column must use the same TTL.
 //

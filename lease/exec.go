@@ -44,15 +44,15 @@ const (
 	// released leases come back. Every other value (local, remote_write,
 	// on, remote_apply) already waits for the local flush, and is kept as
 	// it is, so synchronous standbys are waited for as configured.
-	frameSQL = "SELECT set_config('TimeZone', 'UTC', true), " + durableSQL
+	frameSQL = "SELECT pg_catalog.set_config('TimeZone', 'UTC', true), " + durableSQL
 	// durableSQL raises synchronous_commit = off to local, keeping any
 	// other value.
-	durableSQL = "set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true)"
+	durableSQL = "pg_catalog.set_config('synchronous_commit', CASE pg_catalog.current_setting('synchronous_commit') WHEN 'off' THEN 'local' ELSE pg_catalog.current_setting('synchronous_commit') END, true)"
 	commitSQL  = "COMMIT"
 )
 
 // frameTrySQL is frameSQL plus lock_timeout = TryLockTimeout.
-var frameTrySQL = fmt.Sprintf("%s, set_config('lock_timeout', '%dms', true)", frameSQL, TryLockTimeout.Milliseconds())
+var frameTrySQL = fmt.Sprintf("%s, pg_catalog.set_config('lock_timeout', '%dms', true)", frameSQL, TryLockTimeout.Milliseconds())
 
 // wait is how long a lease statement may wait for a row lock.
 type wait bool

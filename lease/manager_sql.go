@@ -146,7 +146,7 @@ WITH expired AS (
 	DELETE FROM {holders}
 	WHERE ctid = ANY (ARRAY(
 		SELECT ctid FROM {holders}
-		WHERE resource = $1 AND expires_at <= now()
+		WHERE resource = $1 AND expires_at <= pg_catalog.now()
 		ORDER BY token
 		FOR UPDATE))
 	RETURNING token
@@ -158,7 +158,7 @@ blockers AS (
 	  AND ($2::text = 'exclusive' OR b.mode = 'exclusive')
 	UNION ALL
 	SELECT r.writer_intent_until, 'intent' FROM {resources} r
-	WHERE r.resource = $1 AND $2::text = 'shared' AND r.writer_intent_until > now()
+	WHERE r.resource = $1 AND $2::text = 'shared' AND r.writer_intent_until > pg_catalog.now()
 ),
 granted AS (
 	UPDATE {resources} r SET
@@ -171,18 +171,18 @@ granted AS (
 waiting AS (
 	UPDATE {resources} r SET
 		writer_intent = CASE WHEN w.by_writer THEN NULL ELSE $7::text END,
-		writer_intent_until = CASE WHEN w.by_writer THEN NULL ELSE now() + $8::interval END
+		writer_intent_until = CASE WHEN w.by_writer THEN NULL ELSE pg_catalog.now() + $8::interval END
 	FROM (SELECT bool_or(kind = 'exclusive') AS by_writer FROM blockers) w
 	WHERE r.resource = $1 AND $7::text IS NOT NULL AND EXISTS (SELECT 1 FROM blockers)
 	  AND (NOT w.by_writer OR r.writer_intent = $7::text)
 ),
 inserted AS (
 	INSERT INTO {holders} (resource, token, lease_id, owner, mode, acquired_at, expires_at, metadata)
-	SELECT $1, g.fence, $3, $4, $2::text, now(), now() + $5::interval, $6::jsonb FROM granted g
+	SELECT $1, g.fence, $3, $4, $2::text, pg_catalog.now(), pg_catalog.now() + $5::interval, $6::jsonb FROM granted g
 	RETURNING token, acquired_at, expires_at
 )
 SELECT i.token, i.acquired_at, i.expires_at,
-	(SELECT extract(epoch FROM min(until) - now())::float8 FROM blockers)
+	(SELECT extract(epoch FROM min(until) - pg_catalog.now())::float8 FROM blockers)
 FROM (VALUES (1)) AS one (x) LEFT JOIN inserted i ON true`
 
 	// Extends a live lease only. An expired one cannot be revived: someone
@@ -190,8 +190,8 @@ FROM (VALUES (1)) AS one (x) LEFT JOIN inserted i ON true`
 	// $5 is what the caller believes it holds (see ownRowSQL): a Ref edited
 	// to claim another mode matches nothing. It returns the mode found.
 	renewSQL = `
-UPDATE {holders} SET expires_at = now() + $4::interval
-WHERE resource = $1 AND token = $2 AND ` + ownRowSQL + ` AND expires_at > now()
+UPDATE {holders} SET expires_at = pg_catalog.now() + $4::interval
+WHERE resource = $1 AND token = $2 AND ` + ownRowSQL + ` AND expires_at > pg_catalog.now()
 RETURNING expires_at, mode`
 
 	// Deletes the lease if it is still this acquisition's, expired or not,
@@ -239,7 +239,7 @@ SELECT count(*) FROM released, LATERAL pg_notify($2, md5(released.resource))`
 WITH swept AS (
 	DELETE FROM {holders}
 	WHERE ctid = ANY (ARRAY(
-		SELECT ctid FROM {holders} WHERE expires_at <= now()
+		SELECT ctid FROM {holders} WHERE expires_at <= pg_catalog.now()
 		ORDER BY resource, token
 		FOR UPDATE SKIP LOCKED))
 	RETURNING resource
@@ -247,21 +247,21 @@ WITH swept AS (
 SELECT count(*) FROM swept, LATERAL pg_notify($1, md5(swept.resource))`
 
 	listSQL = `
-SELECT resource, owner, mode, token, acquired_at, expires_at, metadata, expires_at <= now()
+SELECT resource, owner, mode, token, acquired_at, expires_at, metadata, expires_at <= pg_catalog.now()
 FROM {holders}
 WHERE ($1::text IS NULL OR resource = $1::text)
   AND ($2::text IS NULL OR owner = $2::text)
-  AND ($3::bool OR expires_at > now())
+  AND ($3::bool OR expires_at > pg_catalog.now())
 ORDER BY resource, token`
 
 	// Writer intents: one per resource at most. $1 resource filter, $2
 	// include intents past their lifetime (they block nobody).
 	intentsSQL = `
-SELECT resource, writer_intent_until, writer_intent_until <= now()
+SELECT resource, writer_intent_until, writer_intent_until <= pg_catalog.now()
 FROM {resources}
 WHERE writer_intent IS NOT NULL
   AND ($1::text IS NULL OR resource = $1::text)
-  AND ($2::bool OR writer_intent_until > now())
+  AND ($2::bool OR writer_intent_until > pg_catalog.now())
 ORDER BY resource`
 
 	// Upgrade, after lockResource: $1 resource, $2 token, $3 lease_id, $4
@@ -278,19 +278,19 @@ WITH expired AS (
 	DELETE FROM {holders}
 	WHERE ctid = ANY (ARRAY(
 		SELECT ctid FROM {holders}
-		WHERE resource = $1 AND token <> $2 AND expires_at <= now()
+		WHERE resource = $1 AND token <> $2 AND expires_at <= pg_catalog.now()
 		ORDER BY token
 		FOR UPDATE))
 	RETURNING token
 ),
 mine AS (
 	SELECT 1 FROM {holders}
-	WHERE resource = $1 AND token = $2 AND expires_at > now()
+	WHERE resource = $1 AND token = $2 AND expires_at > pg_catalog.now()
 	  AND ((lease_id = $3 AND mode = 'shared')
 		OR ($5::bool AND lease_id = $3 || '` + upgradedSuffix + `' AND mode = 'exclusive'))
 ),
 upgraded AS (
-	UPDATE {holders} SET mode = 'exclusive', lease_id = $3 || '` + upgradedSuffix + `', expires_at = now() + $4::interval
+	UPDATE {holders} SET mode = 'exclusive', lease_id = $3 || '` + upgradedSuffix + `', expires_at = pg_catalog.now() + $4::interval
 	WHERE resource = $1 AND token = $2 AND EXISTS (SELECT 1 FROM mine)
 	  AND NOT EXISTS (
 		SELECT 1 FROM {holders} o

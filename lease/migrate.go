@@ -132,8 +132,8 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, ddl, check string, args ..
 	return pooltx.WithTx(ctx, pool, &pooltx.TxOptions{
 		Tx: pgx.TxOptions{IsoLevel: pgx.ReadCommitted},
 		Preamble: func(b *pgx.Batch) {
-			b.Queue("SELECT pg_advisory_xact_lock($1)", migrateLockKey)
-			b.Queue(fmt.Sprintf("SELECT set_config('lock_timeout', '%dms', true)", MigrateLockTimeout.Milliseconds()))
+			b.Queue("SELECT pg_catalog.pg_advisory_xact_lock($1)", migrateLockKey)
+			b.Queue(fmt.Sprintf("SELECT pg_catalog.set_config('lock_timeout', '%dms', true)", MigrateLockTimeout.Milliseconds()))
 		},
 	}, func(ctx context.Context, tx pgx.Tx) error {
 		// A concurrent migration may have done the work while we waited.

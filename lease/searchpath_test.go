@@ -1,0 +1,75 @@
+package lease_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/lease"
+)
+
+// A search_path that lists another schema before pg_catalog cannot give
+// the leases another clock or another transaction frame: now(), set_config,
+// current_setting and pg_advisory_xact_lock are named in pg_catalog. Here a
+// schema shadows each of them with a function that fails, and every lease
+// call on a pool whose search_path puts it first still works.
+func TestSearchPathCannotRedirectTheClock(t *testing.T) {
+	ctx := testCtx(t)
+	p1, _, schema := twoPools(t)
+	shadow := pgx.Identifier{fmt.Sprintf("shadow_%d", uint64(pgtest.UniqueInt64(t)))}.Sanitize()
+	mustExec(t, p1, "CREATE SCHEMA "+shadow)
+	t.Cleanup(func() { mustExec(t, p1, "DROP SCHEMA "+shadow+" CASCADE") })
+	for _, f := range []string{
+		"now() RETURNS timestamptz",
+		"set_config(text, text, bool) RETURNS text",
+		"current_setting(text) RETURNS text",
+		"current_setting(text, bool) RETURNS text",
+		"pg_advisory_xact_lock(bigint) RETURNS void",
+	} {
+		mustExec(t, p1, "CREATE FUNCTION "+shadow+"."+f+" LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'hijacked'; END$$")
+	}
+	cfg := pgtest.Config(t)
+	cfg.ConnConfig.RuntimeParams["search_path"] = shadow + ", pg_catalog"
+	pool := pgtest.NewPool(t, cfg)
+	_, err := pool.Exec(ctx, "SELECT now()")
+	require.ErrorContains(t, err, "hijacked", "the shadows are live on this pool")
+
+	t.Run("column", func(t *testing.T) {
+		mustExec(t, p1, "CREATE TABLE "+pgx.Identifier{schema, "jobs"}.Sanitize()+" (id bigint PRIMARY KEY)")
+		mustExec(t, p1, "INSERT INTO "+pgx.Identifier{schema, "jobs"}.Sanitize()+" VALUES (1)")
+		col, err := lease.NewColumn(pool, lease.ColumnConfig{Schema: schema, Table: "jobs", TTL: time.Minute})
+		require.NoError(t, err)
+		require.NoError(t, col.Migrate(ctx))
+		l, err := col.TryAcquire(ctx, int64(1))
+		require.NoError(t, err)
+		_, err = col.TryAcquire(ctx, int64(1))
+		require.ErrorIs(t, err, lease.ErrNotAcquired)
+		require.NoError(t, l.Renew(ctx))
+		require.NoError(t, l.Release(ctx))
+	})
+	t.Run("manager", func(t *testing.T) {
+		m, err := lease.NewManager(pool, lease.ManagerConfig{Schema: schema, TTL: time.Minute})
+		require.NoError(t, err)
+		require.NoError(t, m.Migrate(ctx))
+		for _, mode := range []lease.Mode{lease.Exclusive, lease.Shared} {
+			l, err := m.TryAcquire(ctx, "r", &lease.AcquireOptions{Mode: mode})
+			require.NoError(t, err, mode)
+			_, err = m.TryAcquire(ctx, "r", &lease.AcquireOptions{Mode: lease.Exclusive})
+			require.ErrorIs(t, err, lease.ErrNotAcquired, mode)
+			require.NoError(t, l.Renew(ctx), mode)
+			require.NoError(t, l.Release(ctx), mode)
+			l, err = m.Acquire(ctx, "r", &lease.AcquireOptions{Mode: mode})
+			require.NoError(t, err, mode)
+			infos, err := m.List(ctx, &lease.ListOptions{Resource: "r"})
+			if assert.NoError(t, err) && assert.Len(t, infos, 1) {
+				assert.False(t, infos[0].Expired)
+			}
+			require.NoError(t, l.Release(ctx), mode)
+		}
+	})
+}
