@@ -78,7 +78,7 @@ func cmdLeases(ctx context.Context, args []string, s stdio, e env) int {
 		return exitUnavailable
 	}
 	var now time.Time
-	if err := pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&now); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT pg_catalog.clock_timestamp()").Scan(&now); err != nil {
 		fmt.Fprintf(s.Err, "pgxlock leases: read the server clock: %v\n", err)
 		return exitUnavailable
 	}

@@ -167,7 +167,7 @@ func takeSnapshot(ctx context.Context, conn *pgx.Conn, filter []keys.Key) (snaps
 	if err != nil {
 		return snap, err
 	}
-	if err := conn.QueryRow(ctx, "SELECT clock_timestamp(), current_database()").Scan(&snap.At, &snap.Database); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT pg_catalog.clock_timestamp(), pg_catalog.current_database()").Scan(&snap.At, &snap.Database); err != nil {
 		return snap, fmt.Errorf("read the server clock: %w", err)
 	}
 	snap.Locks = locks

@@ -169,7 +169,7 @@ func parseRunFlags(args []string, s stdio, e env) (runOptions, int, bool) {
 // refused, the connection is used without it. The pool is pgxlock's own, so
 // the session setting reaches nobody else.
 func checkClientConnection(ctx context.Context, conn *pgx.Conn) error {
-	_, _ = conn.Exec(ctx, "SELECT set_config('client_connection_check_interval', '1s', false)")
+	_, _ = conn.Exec(ctx, "SELECT pg_catalog.set_config('client_connection_check_interval', '1s', false)")
 	return nil
 }
 

@@ -85,12 +85,14 @@ func (l *SessionLocker) Key() keys.Key { return l.key }
 
 // Statements: the lock_timeout is set with set_config(..., true) inside the
 // lock statement's own implicit transaction, so it reverts when the
-// statement ends and never stays on goose's connection.
+// statement ends and never stays on goose's connection. Every name is
+// pg_catalog's, so a search_path that lists another schema first cannot
+// redirect them.
 const (
-	lockInt64  = `SELECT pg_advisory_lock($1::int8) FROM (SELECT set_config('lock_timeout', $2, true)) s`
-	lockPair   = `SELECT pg_advisory_lock($1::int4, $2::int4) FROM (SELECT set_config('lock_timeout', $3, true)) s`
-	unlockInt8 = `SELECT pg_advisory_unlock($1::int8)`
-	unlockPair = `SELECT pg_advisory_unlock($1::int4, $2::int4)`
+	lockInt64  = `SELECT pg_catalog.pg_advisory_lock($1::pg_catalog.int8) FROM (SELECT pg_catalog.set_config('lock_timeout', $2, true)) s`
+	lockPair   = `SELECT pg_catalog.pg_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4) FROM (SELECT pg_catalog.set_config('lock_timeout', $3, true)) s`
+	unlockInt8 = `SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8)`
+	unlockPair = `SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int4, $2::pg_catalog.int4)`
 )
 
 // SessionLock takes the lock on conn, waiting for it in PostgreSQL (no
