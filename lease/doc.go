@@ -188,15 +188,16 @@
 // (below), measured with Go's monotonic clock from before the acquiring
 // statement was sent, which is never later than the server's now().
 //
-// The clock and the transaction's frame are pg_catalog's whatever the
-// session's search_path: the statements call pg_catalog.now(),
-// pg_catalog.set_config and pg_catalog.current_setting (and
-// pg_catalog.pg_advisory_xact_lock in Migrate), so a schema listed before
-// pg_catalog that defines functions of those names does not reach a lease
-// decision. The rest of a statement (the operators that compare your
-// columns, whose types may come from any schema, and the tables) resolves
-// through the search_path, as your own SQL does: keep pg_catalog first, as it
-// is when the search_path does not name it.
+// The statements resolve most names through the session's search_path, as
+// your own SQL does: the arithmetic on the clock (now() plus the TTL), the
+// comparisons with your columns (whose types may come from any schema), the
+// fencing-token arithmetic, the tables, the types and most functions. Only
+// now(), set_config, current_setting, and Migrate's catalog checks and lock,
+// are named in pg_catalog. So a schema listed before pg_catalog in which
+// someone else can create objects can redirect a statement to look-alikes and
+// break exclusion (CVE-2018-1058's pattern). Keep pg_catalog first, as it is
+// when the search_path does not name it, and give no untrusted role CREATE
+// on a schema listed before it.
 //
 // A column lease stores when it was locked, not when it expires, so every
 // process leasing the same column must use the same TTL.

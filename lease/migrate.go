@@ -109,13 +109,14 @@ const columnMigrateSQL = `ALTER TABLE {t}
 const (
 	// $1 qualified table, $2 column names.
 	columnsExistSQL = `
-SELECT count(*) = cardinality($2::text[]) FROM pg_attribute
-WHERE attrelid = to_regclass($1) AND attname = ANY ($2::text[]) AND attnum > 0 AND NOT attisdropped`
+SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) pg_catalog.cardinality($2::pg_catalog.text[]) FROM pg_catalog.pg_attribute
+WHERE attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1) AND attname OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.text[])
+	AND attnum OPERATOR(pg_catalog.>) 0 AND NOT attisdropped`
 
 	// $1..$4 qualified names of the relations the manager schema creates.
 	relationsExistSQL = `
-SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
-	AND to_regclass($3) IS NOT NULL AND to_regclass($4) IS NOT NULL`
+SELECT pg_catalog.to_regclass($1) IS NOT NULL AND pg_catalog.to_regclass($2) IS NOT NULL
+	AND pg_catalog.to_regclass($3) IS NOT NULL AND pg_catalog.to_regclass($4) IS NOT NULL`
 )
 
 func migrate(ctx context.Context, pool *pgxpool.Pool, ddl, check string, args ...any) error {

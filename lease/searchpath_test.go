@@ -13,12 +13,13 @@ import (
 	"github.com/pgxlock/pgxlock/lease"
 )
 
-// A search_path that lists another schema before pg_catalog cannot give
-// the leases another clock or another transaction frame: now(), set_config,
-// current_setting and pg_advisory_xact_lock are named in pg_catalog. Here a
-// schema shadows each of them with a function that fails, and every lease
-// call on a pool whose search_path puts it first still works.
-func TestSearchPathCannotRedirectTheClock(t *testing.T) {
+// The functions the lease statements name in pg_catalog (the package doc,
+// "Time is the database's": now(), set_config, current_setting, and
+// Migrate's to_regclass and pg_advisory_xact_lock) are pg_catalog's on a
+// session whose search_path lists, before pg_catalog, a schema shadowing
+// each of them with a function that fails: every lease call still works.
+// (The doc says what else such a schema can redirect.)
+func TestLeaseCallsPgCatalogsFunctions(t *testing.T) {
 	ctx := testCtx(t)
 	p1, _, schema := twoPools(t)
 	shadow := pgx.Identifier{fmt.Sprintf("shadow_%d", uint64(pgtest.UniqueInt64(t)))}.Sanitize()
@@ -30,6 +31,7 @@ func TestSearchPathCannotRedirectTheClock(t *testing.T) {
 		"current_setting(text) RETURNS text",
 		"current_setting(text, bool) RETURNS text",
 		"pg_advisory_xact_lock(bigint) RETURNS void",
+		"to_regclass(text) RETURNS regclass",
 	} {
 		mustExec(t, p1, "CREATE FUNCTION "+shadow+"."+f+" LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'hijacked'; END$$")
 	}
