@@ -2,6 +2,7 @@ package advisory
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/pgxlock/pgxlock/internal/cutoff"
@@ -67,6 +68,11 @@ func (d *dedicated) release(ctx context.Context, h *Lock) error {
 	// not started, or had not read yet): that is the loss, reported here
 	// once (TraceLost, Err) instead of by the watcher.
 	err := h.l.unlockSession(ctx, h.a.c, &h.a.request)
+	if errors.Is(err, ErrLockLost) {
+		h.mu.Lock()
+		h.lostTrace = true // traced by ended: the watcher has returned, but say so anyway
+		h.mu.Unlock()
+	}
 	h.a.span.ended(err)
 	h.l.unpin(h.a.c)
 	return err

@@ -39,6 +39,7 @@ type Lock struct {
 
 	mu        sync.Mutex
 	err       error // nil while held; the loss, or errUnlocked
+	lostTrace bool  // the loss has been traced (markLost): once per lock
 	unlockErr error
 	unlocked  bool
 	unlockEnd chan struct{} // closed once unlockErr is set
@@ -207,12 +208,18 @@ func (h *Lock) lostErr() error {
 // markLost records err (matching ErrLockLost) as the lock's loss, traces it
 // and closes Done, unless the lock has ended already. It reports whether it
 // did.
+//
+// An Unlock that found the loss being marked (lostErr) may have ended the
+// lock first, with an error matching ErrLockLost: the loss is still traced
+// here, once, so that a loss is never left untraced (a LostTracer's held
+// gauge would stay up for good).
 func (h *Lock) markLost(err error) bool {
 	h.mu.Lock()
-	if h.err != nil {
+	if h.lostTrace || (h.err != nil && !errors.Is(h.err, ErrLockLost)) {
 		h.mu.Unlock()
 		return false
 	}
+	h.lostTrace = true
 	h.mu.Unlock()
 	h.a.span.lost(err) // traced before Done closes: a waiter on Done sees it
 	h.mu.Lock()

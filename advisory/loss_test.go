@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -244,4 +245,76 @@ func TestConcurrentUnlocksBothReportTheLoss(t *testing.T) {
 		require.ErrorIs(t, <-errs, advisory.ErrLockLost, "round %d", round)
 		requireOneLoss(t, rec.recorder)
 	}
+}
+
+// blockingLostTracer counts TraceLost per key; the first trace records its
+// keys, tells blocked and waits until release is closed.
+type blockingLostTracer struct {
+	blocked, release chan struct{}
+	mu               sync.Mutex
+	first            []keys.Key
+	lost             map[keys.Key]int
+}
+
+func (b *blockingLostTracer) TraceLost(_ context.Context, d advisory.TraceLostData) {
+	b.mu.Lock()
+	for _, k := range d.Keys {
+		b.lost[k]++
+	}
+	first := b.first == nil
+	if first {
+		b.first = d.Keys
+	}
+	b.mu.Unlock()
+	if first {
+		close(b.blocked)
+		<-b.release
+	}
+}
+
+func (*blockingLostTracer) TraceAcquireStart(ctx context.Context, _ advisory.TraceAcquireStartData) context.Context {
+	return ctx
+}
+func (*blockingLostTracer) TraceAcquireEnd(context.Context, advisory.TraceAcquireEndData) {}
+
+func (b *blockingLostTracer) count(k keys.Key) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lost[k]
+}
+
+// Two locks on one holder connection are lost together; the loss is traced
+// lock by lock. An Unlock of the second that runs while the first's trace
+// is still on returns ErrLockLost at once (the loss is being marked) and
+// ends the lock; the second's loss must still be traced, once. Before the
+// fix it never was: the marking found the lock ended and skipped it, and a
+// metrics tracer's held gauge stayed up for good (TestLostCountedOnceWhoeverSeesIt
+// in metrics failed so under load).
+func TestUnlockDuringTheLossStillTracesIt(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	k1, k2 := key(t), key(t)
+	tr := &blockingLostTracer{blocked: make(chan struct{}), release: make(chan struct{}), lost: map[keys.Key]int{}}
+	l := newLocker(t, pgtest.Pool(t), advisory.Config{Tracer: tr})
+	h1, err := l.Lock(ctx, k1, nil)
+	require.NoError(t, err)
+	h2, err := l.Lock(ctx, k2, nil)
+	require.NoError(t, err)
+	require.Equal(t, holderPID(ctx, t, admin, k1), holderPID(ctx, t, admin, k2), "one holder connection")
+	killBackend(ctx, t, admin, holderPID(ctx, t, admin, k1))
+	<-tr.blocked
+	first, second, firstKey, secondKey := h1, h2, k1, k2
+	if tr.first[0] == k2 {
+		first, second, firstKey, secondKey = h2, h1, k2, k1
+	}
+	require.Equal(t, 0, tr.count(secondKey))
+	require.ErrorIs(t, second.Unlock(ctx), advisory.ErrLockLost, "the loss is being marked")
+	require.ErrorIs(t, second.Err(), advisory.ErrLockLost)
+	close(tr.release)
+	<-first.Done()
+	require.ErrorIs(t, first.Unlock(ctx), advisory.ErrLockLost)
+	require.Eventually(t, func() bool { return tr.count(secondKey) > 0 }, 10*time.Second, time.Millisecond,
+		"the second lock's loss is traced")
+	assert.Equal(t, 1, tr.count(firstKey))
+	assert.Equal(t, 1, tr.count(secondKey))
 }
