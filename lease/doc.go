@@ -136,7 +136,8 @@
 //
 //	BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE;
 //	SELECT set_config('TimeZone', 'UTC', true),
-//	       set_config('synchronous_commit', <local if it is off, else as it is>, true)
+//	       set_config('synchronous_commit', <local if it is off, else as it is>, true),
+//	       set_config('search_path', 'pg_catalog, ' || <the session's search_path>, true)
 //	       [, set_config('lock_timeout', ...)];
 //	<the statement>; COMMIT
 //
@@ -146,7 +147,8 @@
 // serialization failure reaches the caller. TimeZone UTC makes a timestamp
 // (without time zone) lock column hold UTC for every session, so sessions in
 // different zones agree on whether a lease is live. Both settings are
-// transaction-local and end with the transaction; a transaction left
+// transaction-local and end with the transaction (the search_path too: see
+// "Time is the database's"); a transaction left
 // aborted is rolled back, or its connection destroyed (package pooltx).
 // Migrate, which runs DDL, is the one exception (see [Manager.Migrate]).
 //
@@ -188,16 +190,19 @@
 // (below), measured with Go's monotonic clock from before the acquiring
 // statement was sent, which is never later than the server's now().
 //
-// The statements resolve most names through the session's search_path, as
-// your own SQL does: the arithmetic on the clock (now() plus the TTL), the
-// comparisons with your columns (whose types may come from any schema), the
-// fencing-token arithmetic, the tables, the types and most functions. Only
-// now(), set_config, current_setting, and Migrate's catalog checks and lock,
-// are named in pg_catalog. So a schema listed before pg_catalog in which
-// someone else can create objects can redirect a statement to look-alikes and
-// break exclusion (CVE-2018-1058's pattern). Keep pg_catalog first, as it is
-// when the search_path does not name it, and give no untrusted role CREATE
-// on a schema listed before it.
+// A search_path cannot give the leases another clock or other arithmetic:
+// the frame puts pg_catalog first on the transaction's search_path, ahead of
+// the session's own, so a schema listed before pg_catalog in the session's
+// search_path, in which someone has created look-alike functions, operators
+// or types (CVE-2018-1058's pattern), is not used for the built-in ones (the
+// frame's own statement names pg_catalog's explicitly). The tables and the
+// types of your columns still resolve through the rest of the path. A few
+// statements run outside a frame and resolve names through the session's
+// search_path, as your own SQL does: the DDL of Migrate (its tables go to
+// the first schema of the search_path when the config names none), which
+// names pg_catalog's functions and relations in its checks only;
+// [Manager.List] and [Manager.ListIntents] (one read-only query each); and
+// [Fence.Update], which runs in your transaction.
 //
 // A column lease stores when it was locked, not when it expires, so every
 // process leasing the same column must use the same TTL.

@@ -44,10 +44,24 @@ const (
 	// released leases come back. Every other value (local, remote_write,
 	// on, remote_apply) already waits for the local flush, and is kept as
 	// it is, so synchronous standbys are waited for as configured.
-	frameSQL = "SELECT pg_catalog.set_config('TimeZone', 'UTC', true), " + durableSQL
+	//
+	// pg_catalog first on the search_path for the transaction only, ahead of
+	// the session's own path: the statements that follow resolve built-in
+	// functions, operators and types to pg_catalog's even where the session's
+	// search_path lists a schema with look-alikes before pg_catalog, while the
+	// tables and the types of the caller's columns still resolve through the
+	// rest of the path. (A statement prepared under the session's path is
+	// analysed again under this one, once: PostgreSQL's plan cache re-checks
+	// the search_path at every execution.)
+	frameSQL = "SELECT pg_catalog.set_config('TimeZone', 'UTC', true), " + durableSQL + ", " + catalogFirstSQL
+	// catalogFirstSQL puts pg_catalog first on the transaction's search_path.
+	// (An empty search_path, as set_config('search_path', '', ...) leaves
+	// it, becomes pg_catalog alone: "pg_catalog, " is not a valid list.)
+	catalogFirstSQL = "pg_catalog.set_config('search_path', CASE WHEN pg_catalog.current_setting('search_path') OPERATOR(pg_catalog.=) '' THEN 'pg_catalog' " +
+		"ELSE 'pg_catalog, ' OPERATOR(pg_catalog.||) pg_catalog.current_setting('search_path') END, true)"
 	// durableSQL raises synchronous_commit = off to local, keeping any
 	// other value.
-	durableSQL = "pg_catalog.set_config('synchronous_commit', CASE pg_catalog.current_setting('synchronous_commit') WHEN 'off' THEN 'local' ELSE pg_catalog.current_setting('synchronous_commit') END, true)"
+	durableSQL = "pg_catalog.set_config('synchronous_commit', CASE WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) 'off' THEN 'local' ELSE pg_catalog.current_setting('synchronous_commit') END, true)"
 	commitSQL  = "COMMIT"
 )
 
