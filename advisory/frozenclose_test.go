@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -86,6 +87,68 @@ func TestUnlockOverAFrozenNetworkKeepsItsBounds(t *testing.T) {
 			case <-time.After(3500 * time.Millisecond):
 				t.Fatal("Unlock over a frozen network outlasted its bounds (unlock, then close) by over 1.5 s")
 			}
+		})
+	}
+}
+
+// unlockingLostTracer unlocks the lost lock from TraceLost, as a LostTracer
+// may (trace.go), and records what that Unlock returned.
+type unlockingLostTracer struct {
+	mu   sync.Mutex
+	h    *advisory.Lock
+	errs []error
+}
+
+func (u *unlockingLostTracer) TraceAcquireStart(ctx context.Context, _ advisory.TraceAcquireStartData) context.Context {
+	return ctx
+}
+func (*unlockingLostTracer) TraceAcquireEnd(context.Context, advisory.TraceAcquireEndData) {}
+func (u *unlockingLostTracer) TraceLost(context.Context, advisory.TraceLostData) {
+	u.mu.Lock()
+	h := u.h
+	u.mu.Unlock()
+	err := h.Unlock(context.Background())
+	u.mu.Lock()
+	u.errs = append(u.errs, err)
+	u.mu.Unlock()
+}
+
+// An Unlock that is first to find the connection dead (a frozen network:
+// the unlock's bound ends it) traces the loss; a LostTracer that unlocks
+// the lock from there must not wait for that first Unlock, which is waiting
+// for it (the second review's deadlock): both return ErrLockLost.
+func TestLostTracerUnlockDuringAnUnlockDoesNotDeadlock(t *testing.T) {
+	for _, dedicated := range []bool{false, true} {
+		t.Run(fmt.Sprintf("dedicated=%v", dedicated), func(t *testing.T) {
+			ctx := testCtx(t)
+			f := &pipeFreezer{}
+			cfg := pgtest.Config(t)
+			cfg.MaxConns = 4
+			cfg.ConnConfig.Fallbacks = nil
+			cfg.ConnConfig.DialFunc = f.dial
+			pool := pgtest.NewPool(t, cfg)
+			tr := &unlockingLostTracer{}
+			l := newLocker(t, pool, advisory.Config{DisableMultiplexing: dedicated, Tracer: tr,
+				HeartbeatInterval: time.Minute, HeartbeatTimeout: 300 * time.Millisecond, CleanupTimeout: 300 * time.Millisecond})
+			h, err := l.TryLock(ctx, key(t), nil)
+			require.NoError(t, err)
+			tr.mu.Lock()
+			tr.h = h
+			tr.mu.Unlock()
+			f.frozen.Store(true)
+			t.Cleanup(func() { f.frozen.Store(false) })
+			done := make(chan error, 1)
+			go func() { done <- h.Unlock(context.Background()) }()
+			select {
+			case err := <-done:
+				assert.ErrorIs(t, err, advisory.ErrLockLost)
+			case <-time.After(time.Minute):
+				t.Fatal("Unlock and the LostTracer's Unlock deadlocked")
+			}
+			tr.mu.Lock()
+			defer tr.mu.Unlock()
+			require.Len(t, tr.errs, 1, "one TraceLost")
+			assert.ErrorIs(t, tr.errs[0], advisory.ErrLockLost)
 		})
 	}
 }

@@ -156,7 +156,10 @@ func (h *Lock) Err() error {
 
 // Unlock releases the lock, and its connection when no other lock is held
 // on it. It is idempotent: later calls, concurrent ones included, return
-// the first call's result once it is known. ctx contributes only its
+// the first call's result once it is known, or, once the lock's loss is
+// being traced, an error matching ErrLockLost at once (a LostTracer may
+// unlock the lock it is told of while another Unlock of it waits for the
+// trace to end). ctx contributes only its
 // values: the unlock runs under a fresh bound, Config.CleanupTimeout (on a
 // shared holder connection, also at most Config.HeartbeatTimeout when
 // heartbeats are on). It returns nil, or an error matching ErrLockLost if
@@ -169,6 +172,14 @@ func (h *Lock) Err() error {
 func (h *Lock) Unlock(ctx context.Context) error {
 	h.mu.Lock()
 	if h.unlocked {
+		if h.lostTrace {
+			// The loss is being or has been traced: the lock's end is
+			// known, and this call may come from a LostTracer that the
+			// unlocking call (or the loss it waits for) is running, which
+			// waiting would deadlock.
+			h.mu.Unlock()
+			return h.lostErr()
+		}
 		// A concurrent call may still be unlocking: wait for its result.
 		h.mu.Unlock()
 		<-h.unlockEnd

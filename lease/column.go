@@ -150,7 +150,9 @@ UPDATE {t} SET {at} = NULL, {by} = NULL WHERE {id} = $1 AND {by} = $2`
 	// through to p; a domain over another domain, and a column not found
 	// (which the statement itself would then report), get the largest pad.
 	columnPadSQL = `coalesce((
-	SELECT CASE WHEN p.typmod BETWEEN 0 AND 5 THEN (5 * 10 ^ (5 - p.typmod))::bigint * interval '1 microsecond'
+	SELECT CASE WHEN p.typmod BETWEEN 0 AND 5
+		THEN ((5 OPERATOR(pg_catalog.*) (10::pg_catalog.float8 OPERATOR(pg_catalog.^) (5 OPERATOR(pg_catalog.-) p.typmod)))::bigint)::pg_catalog.float8
+			OPERATOR(pg_catalog.*) interval '1 microsecond'
 		ELSE interval '0' END
 	FROM (SELECT CASE WHEN ty.typtype <> 'd' THEN a.atttypmod WHEN ty.typtypmod >= 0 THEN ty.typtypmod
 			WHEN (SELECT b.typtype FROM pg_catalog.pg_type b WHERE b.oid = ty.typbasetype) = 'd' THEN 0

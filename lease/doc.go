@@ -194,9 +194,14 @@
 // the frame puts pg_catalog first on the transaction's search_path, ahead of
 // the session's own, so a schema listed before pg_catalog in the session's
 // search_path, in which someone has created look-alike functions, operators
-// or types (CVE-2018-1058's pattern), is not used for the built-in ones (the
-// frame's own statement names pg_catalog's explicitly). The tables and the
-// types of your columns still resolve through the rest of the path. A few
+// or types (CVE-2018-1058's pattern), is not used for the built-in ones.
+// Two things the order alone would not settle are named in pg_catalog
+// explicitly: every cast's type (pgx prepares a statement before its
+// transaction, under the session's search_path, and a cast fixes a
+// parameter's type there) and the few operators with no exact match in
+// pg_catalog (for those PostgreSQL takes an exact match from any schema of
+// the path), as is everything in the frame's own statement. The tables and
+// the types of your columns still resolve through the rest of the path. A few
 // statements run outside a frame and resolve names through the session's
 // search_path, as your own SQL does: the DDL of Migrate (its tables go to
 // the first schema of the search_path when the config names none), which

@@ -44,10 +44,10 @@ const matchUpgraded = "upgraded"
 // TryUpgrade in flight, or of unknown outcome, may have left). An exclusive
 // row that no upgrade of lease $3 wrote is never matched by a caller that
 // believes it holds Shared, however its upgrade went.
-const ownRowSQL = `(CASE WHEN $5::text IS NULL THEN (lease_id = $3 AND mode = 'shared')
+const ownRowSQL = `(CASE WHEN $5::pg_catalog.text IS NULL THEN (lease_id = $3 AND mode = 'shared')
 		OR (lease_id = $3 || '` + upgradedSuffix + `' AND mode = 'exclusive')
-	WHEN $5::text = '` + matchUpgraded + `' THEN lease_id = $3 || '` + upgradedSuffix + `' AND mode = 'exclusive'
-	ELSE lease_id = $3 AND mode = $5::text END)`
+	WHEN $5::pg_catalog.text = '` + matchUpgraded + `' THEN lease_id = $3 || '` + upgradedSuffix + `' AND mode = 'exclusive'
+	ELSE lease_id = $3 AND mode = $5::pg_catalog.text END)`
 
 func newManagerSQL(r0 *strings.Replacer) managerSQL {
 	r := commentFree{r0}
@@ -155,34 +155,34 @@ blockers AS (
 	SELECT b.expires_at AS until, b.mode AS kind FROM {holders} b
 	WHERE b.resource = $1
 	  AND b.token NOT IN (SELECT token FROM expired)
-	  AND ($2::text = 'exclusive' OR b.mode = 'exclusive')
+	  AND ($2::pg_catalog.text = 'exclusive' OR b.mode = 'exclusive')
 	UNION ALL
 	SELECT r.writer_intent_until, 'intent' FROM {resources} r
-	WHERE r.resource = $1 AND $2::text = 'shared' AND r.writer_intent_until > pg_catalog.now()
+	WHERE r.resource = $1 AND $2::pg_catalog.text = 'shared' AND r.writer_intent_until > pg_catalog.now()
 ),
 granted AS (
 	UPDATE {resources} r SET
 		fence = {next_fence},
-		writer_intent = CASE WHEN $2::text = 'exclusive' OR r.writer_intent = $7::text THEN NULL ELSE r.writer_intent END,
-		writer_intent_until = CASE WHEN $2::text = 'exclusive' OR r.writer_intent = $7::text THEN NULL ELSE r.writer_intent_until END
+		writer_intent = CASE WHEN $2::pg_catalog.text = 'exclusive' OR r.writer_intent = $7::pg_catalog.text THEN NULL ELSE r.writer_intent END,
+		writer_intent_until = CASE WHEN $2::pg_catalog.text = 'exclusive' OR r.writer_intent = $7::pg_catalog.text THEN NULL ELSE r.writer_intent_until END
 	WHERE r.resource = $1 AND NOT EXISTS (SELECT 1 FROM blockers)
 	RETURNING r.fence
 ),
 waiting AS (
 	UPDATE {resources} r SET
-		writer_intent = CASE WHEN w.by_writer THEN NULL ELSE $7::text END,
+		writer_intent = CASE WHEN w.by_writer THEN NULL ELSE $7::pg_catalog.text END,
 		writer_intent_until = CASE WHEN w.by_writer THEN NULL ELSE pg_catalog.now() + $8::interval END
 	FROM (SELECT bool_or(kind = 'exclusive') AS by_writer FROM blockers) w
-	WHERE r.resource = $1 AND $7::text IS NOT NULL AND EXISTS (SELECT 1 FROM blockers)
-	  AND (NOT w.by_writer OR r.writer_intent = $7::text)
+	WHERE r.resource = $1 AND $7::pg_catalog.text IS NOT NULL AND EXISTS (SELECT 1 FROM blockers)
+	  AND (NOT w.by_writer OR r.writer_intent = $7::pg_catalog.text)
 ),
 inserted AS (
 	INSERT INTO {holders} (resource, token, lease_id, owner, mode, acquired_at, expires_at, metadata)
-	SELECT $1, g.fence, $3, $4, $2::text, pg_catalog.now(), pg_catalog.now() + $5::interval, $6::jsonb FROM granted g
+	SELECT $1, g.fence, $3, $4, $2::pg_catalog.text, pg_catalog.now(), pg_catalog.now() + $5::interval, $6::pg_catalog.jsonb FROM granted g
 	RETURNING token, acquired_at, expires_at
 )
 SELECT i.token, i.acquired_at, i.expires_at,
-	(SELECT extract(epoch FROM min(until) - pg_catalog.now())::float8 FROM blockers)
+	(SELECT extract(epoch FROM min(until) - pg_catalog.now())::pg_catalog.float8 FROM blockers)
 FROM (VALUES (1)) AS one (x) LEFT JOIN inserted i ON true`
 
 	// Extends a live lease only. An expired one cannot be revived: someone
@@ -214,7 +214,7 @@ WITH gone AS (
 ),
 cleared AS (
 	UPDATE {resources} SET writer_intent = NULL, writer_intent_until = NULL
-	WHERE resource = $1 AND writer_intent = $3::text
+	WHERE resource = $1 AND writer_intent = $3::pg_catalog.text
 	RETURNING resource
 )
 SELECT count(*) FROM (SELECT resource FROM gone UNION ALL SELECT resource FROM cleared) x,
@@ -249,9 +249,9 @@ SELECT count(*) FROM swept, LATERAL pg_notify($1, md5(swept.resource))`
 	listSQL = `
 SELECT resource, owner, mode, token, acquired_at, expires_at, metadata, expires_at <= pg_catalog.now()
 FROM {holders}
-WHERE ($1::text IS NULL OR resource = $1::text)
-  AND ($2::text IS NULL OR owner = $2::text)
-  AND ($3::bool OR expires_at > pg_catalog.now())
+WHERE ($1::pg_catalog.text IS NULL OR resource = $1::pg_catalog.text)
+  AND ($2::pg_catalog.text IS NULL OR owner = $2::pg_catalog.text)
+  AND ($3::pg_catalog.bool OR expires_at > pg_catalog.now())
 ORDER BY resource, token`
 
 	// Writer intents: one per resource at most. $1 resource filter, $2
@@ -260,8 +260,8 @@ ORDER BY resource, token`
 SELECT resource, writer_intent_until, writer_intent_until <= pg_catalog.now()
 FROM {resources}
 WHERE writer_intent IS NOT NULL
-  AND ($1::text IS NULL OR resource = $1::text)
-  AND ($2::bool OR writer_intent_until > pg_catalog.now())
+  AND ($1::pg_catalog.text IS NULL OR resource = $1::pg_catalog.text)
+  AND ($2::pg_catalog.bool OR writer_intent_until > pg_catalog.now())
 ORDER BY resource`
 
 	// Upgrade, after lockResource: $1 resource, $2 token, $3 lease_id, $4
@@ -287,7 +287,7 @@ mine AS (
 	SELECT 1 FROM {holders}
 	WHERE resource = $1 AND token = $2 AND expires_at > pg_catalog.now()
 	  AND ((lease_id = $3 AND mode = 'shared')
-		OR ($5::bool AND lease_id = $3 || '` + upgradedSuffix + `' AND mode = 'exclusive'))
+		OR ($5::pg_catalog.bool AND lease_id = $3 || '` + upgradedSuffix + `' AND mode = 'exclusive'))
 ),
 upgraded AS (
 	UPDATE {holders} SET mode = 'exclusive', lease_id = $3 || '` + upgradedSuffix + `', expires_at = pg_catalog.now() + $4::interval

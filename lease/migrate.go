@@ -87,13 +87,17 @@ func (c *Column) Migrate(ctx context.Context) error {
 const lockedAtTypeSQL = `
 WITH RECURSIVE d(oid, typtype, base) AS (
 	SELECT ty.oid, ty.typtype, ty.typbasetype
-	FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON ty.oid = a.atttypid
-	WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped
+	FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON ty.oid OPERATOR(pg_catalog.=) a.atttypid
+	WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1) AND a.attname OPERATOR(pg_catalog.=) $2::pg_catalog.name
+		AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
 	UNION ALL
-	SELECT b.oid, b.typtype, b.typbasetype FROM pg_catalog.pg_type b JOIN d ON b.oid = d.base WHERE d.typtype = 'd'
+	SELECT b.oid, b.typtype, b.typbasetype FROM pg_catalog.pg_type b JOIN d ON b.oid OPERATOR(pg_catalog.=) d.base
+	WHERE d.typtype OPERATOR(pg_catalog.=) 'd'
 )
-SELECT pg_catalog.format_type(oid, NULL), oid IN ('pg_catalog.timestamptz'::regtype, 'pg_catalog.timestamp'::regtype)
-FROM d WHERE typtype <> 'd'`
+SELECT pg_catalog.format_type(oid, NULL),
+	oid OPERATOR(pg_catalog.=) 'pg_catalog.timestamptz'::pg_catalog.regtype::pg_catalog.oid
+	OR oid OPERATOR(pg_catalog.=) 'pg_catalog.timestamp'::pg_catalog.regtype::pg_catalog.oid
+FROM d WHERE typtype OPERATOR(pg_catalog.<>) 'd'`
 
 // ColumnDDL returns the ALTER TABLE statement Migrate runs, for use in your
 // own migration files.

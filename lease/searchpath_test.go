@@ -153,3 +153,76 @@ func TestSearchPathLookAlikeOperatorsAreNotUsed(t *testing.T) {
 		}
 	})
 }
+
+// Two more ways in, found by the second review: a look-alike type, which
+// fixes the type of a parameter when pgx prepares a statement (outside the
+// frame, under the session's search_path), and an operator with no exact
+// match in pg_catalog, which the frame's order cannot settle (PostgreSQL
+// takes an exact match from any schema of the path over a pg_catalog
+// operator that needs a cast), here the column lease's precision pad.
+// Every cast of the statements names pg_catalog's type, and the pad's
+// arithmetic names pg_catalog's operators.
+func TestSearchPathLookAlikeTypesAndInexactOperatorsAreNotUsed(t *testing.T) {
+	ctx := testCtx(t)
+	p1, _, schema := twoPools(t)
+	shadow := pgx.Identifier{fmt.Sprintf("shadow_%d", uint64(pgtest.UniqueInt64(t)))}.Sanitize()
+	mustExec(t, p1, "CREATE SCHEMA "+shadow)
+	t.Cleanup(func() { mustExec(t, p1, "DROP SCHEMA "+shadow+" CASCADE") })
+	// The tables first, on the normal pool: Migrate's DDL follows the
+	// session's search_path (the doc says so), and the shadow text type
+	// below would become their columns' type.
+	mgr, err := lease.NewManager(p1, lease.ManagerConfig{Schema: schema, TTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, mgr.Migrate(ctx))
+	table := pgx.Identifier{schema, "jobs"}.Sanitize()
+	mustExec(t, p1, "CREATE TABLE "+table+" (id bigint PRIMARY KEY, locked_at timestamptz(3))")
+	mustExec(t, p1, "INSERT INTO "+table+" VALUES (1)")
+	colCfg := lease.ColumnConfig{Schema: schema, Table: "jobs", TTL: time.Minute}
+	cn, err := lease.NewColumn(p1, colCfg)
+	require.NoError(t, err)
+	require.NoError(t, cn.Migrate(ctx))
+	for _, ddl := range []string{
+		// A text that every mode casts to 'shared'.
+		`CREATE TYPE %[1]s.text AS ENUM ('exclusive', 'shared', 'upgraded')`,
+		`CREATE FUNCTION %[1]s.totext(%[1]s.text) RETURNS pg_catalog.text LANGUAGE sql AS $$SELECT 'shared'::pg_catalog.text$$`,
+		`CREATE CAST (%[1]s.text AS pg_catalog.text) WITH FUNCTION %[1]s.totext(%[1]s.text) AS ASSIGNMENT`,
+		`CREATE FUNCTION %[1]s.eqf(pg_catalog.text, %[1]s.text) RETURNS bool LANGUAGE sql AS $$SELECT $1 OPERATOR(pg_catalog.=) $2::pg_catalog.text$$`,
+		`CREATE OPERATOR %[1]s.= (LEFTARG = pg_catalog.text, RIGHTARG = %[1]s.text, FUNCTION = %[1]s.eqf)`,
+		// bigint * interval, which pg_catalog has only as float8 * interval: a pad of -1 hour.
+		`CREATE FUNCTION %[1]s.bi(bigint, interval) RETURNS interval LANGUAGE sql AS $$SELECT interval '-1 hour'$$`,
+		`CREATE OPERATOR %[1]s.* (LEFTARG = bigint, RIGHTARG = interval, FUNCTION = %[1]s.bi)`,
+	} {
+		mustExec(t, p1, fmt.Sprintf(ddl, shadow))
+	}
+	// After pg_catalog: the type then is not found first, but the inexact
+	// operator still wins; before it, both are live.
+	for _, path := range []string{shadow + ", pg_catalog", "pg_catalog, " + shadow} {
+		t.Run(path, func(t *testing.T) {
+			cfg := pgtest.Config(t)
+			cfg.ConnConfig.RuntimeParams["search_path"] = path
+			hostile := pgtest.NewPool(t, cfg)
+			var pad string
+			require.NoError(t, hostile.QueryRow(ctx, "SELECT (5::bigint * interval '1 second')::pg_catalog.text").Scan(&pad))
+			require.Equal(t, "-01:00:00", pad, "the look-alike operator is live on this pool")
+
+			m, err := lease.NewManager(hostile, lease.ManagerConfig{Schema: schema, TTL: time.Minute})
+			require.NoError(t, err)
+			a, err := m.TryAcquire(ctx, "r", nil)
+			require.NoError(t, err)
+			_, err = m.TryAcquire(ctx, "r", nil)
+			require.ErrorIs(t, err, lease.ErrNotAcquired, "an exclusive lease excludes")
+			_, err = mgr.TryAcquire(ctx, "r", &lease.AcquireOptions{Mode: lease.Shared})
+			require.ErrorIs(t, err, lease.ErrNotAcquired, "an exclusive lease excludes a shared one")
+			require.NoError(t, a.Release(ctx))
+
+			ch, err := lease.NewColumn(hostile, colCfg)
+			require.NoError(t, err)
+			l, err := cn.TryAcquire(ctx, int64(1))
+			require.NoError(t, err)
+			_, err = ch.TryAcquire(ctx, int64(1))
+			require.ErrorIs(t, err, lease.ErrNotAcquired, "no takeover of a live lease")
+			require.NoError(t, l.Renew(ctx))
+			require.NoError(t, l.Release(ctx))
+		})
+	}
+}
