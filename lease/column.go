@@ -92,7 +92,7 @@ const (
 	columnAcquireSQL = `
 WITH claimed AS (
 	UPDATE {t} SET {at} = pg_catalog.now(), {by} = $2, {fence} = {next_fence}
-	WHERE {id} = $1 AND ({at} IS NULL OR {at} < pg_catalog.now() - $3::interval - {pad})
+	WHERE {id} = $1 AND ({at} IS NULL OR {at} OPERATOR(pg_catalog.<) (pg_catalog.now() - $3::interval - {pad}))
 	RETURNING {fence} AS token
 )
 SELECT (SELECT token FROM claimed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
@@ -107,7 +107,8 @@ SELECT (SELECT token FROM claimed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
 	columnRenewSQL = `
 WITH renewed AS (
 	UPDATE {t} SET {at} = pg_catalog.now()
-	WHERE {id} = $1 AND {by} = $2 AND {fence} = $6 AND {at} >= pg_catalog.now() - $3::interval - {pad}
+	WHERE {id} = $1 AND {by} OPERATOR(pg_catalog.=) $2 AND {fence} OPERATOR(pg_catalog.=) $6
+		AND {at} OPERATOR(pg_catalog.>=) (pg_catalog.now() - $3::interval - {pad})
 	RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM renewed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
@@ -121,7 +122,7 @@ SELECT EXISTS (SELECT 1 FROM renewed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1
 	columnReleaseSQL = `
 WITH released AS (
 	UPDATE {t} SET {at} = NULL, {by} = NULL
-	WHERE {id} = $1 AND {by} = $2 AND {fence} = $3
+	WHERE {id} = $1 AND {by} OPERATOR(pg_catalog.=) $2 AND {fence} OPERATOR(pg_catalog.=) $3
 	RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM released), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
@@ -130,7 +131,7 @@ SELECT EXISTS (SELECT 1 FROM released), EXISTS (SELECT 1 FROM {t} WHERE {id} = $
 	// was never read, so it matches the owner alone, which is fresh for
 	// every acquisition and so matches only if that very statement won.
 	columnGiveBackSQL = `
-UPDATE {t} SET {at} = NULL, {by} = NULL WHERE {id} = $1 AND {by} = $2`
+UPDATE {t} SET {at} = NULL, {by} = NULL WHERE {id} = $1 AND {by} OPERATOR(pg_catalog.=) $2`
 
 	// columnPadSQL is half a unit of the locked-at column's precision: 0.5s
 	// for timestamptz(0) or timestamp(0), 5us for precision 5, zero for
@@ -150,15 +151,17 @@ UPDATE {t} SET {at} = NULL, {by} = NULL WHERE {id} = $1 AND {by} = $2`
 	// through to p; a domain over another domain, and a column not found
 	// (which the statement itself would then report), get the largest pad.
 	columnPadSQL = `coalesce((
-	SELECT CASE WHEN p.typmod BETWEEN 0 AND 5
+	SELECT CASE WHEN p.typmod OPERATOR(pg_catalog.>=) 0 AND p.typmod OPERATOR(pg_catalog.<=) 5
 		THEN ((5 OPERATOR(pg_catalog.*) (10::pg_catalog.float8 OPERATOR(pg_catalog.^) (5 OPERATOR(pg_catalog.-) p.typmod)))::bigint)::pg_catalog.float8
 			OPERATOR(pg_catalog.*) interval '1 microsecond'
 		ELSE interval '0' END
-	FROM (SELECT CASE WHEN ty.typtype <> 'd' THEN a.atttypmod WHEN ty.typtypmod >= 0 THEN ty.typtypmod
-			WHEN (SELECT b.typtype FROM pg_catalog.pg_type b WHERE b.oid = ty.typbasetype) = 'd' THEN 0
+	FROM (SELECT CASE WHEN ty.typtype OPERATOR(pg_catalog.<>) 'd' THEN a.atttypmod
+			WHEN ty.typtypmod OPERATOR(pg_catalog.>=) 0 THEN ty.typtypmod
+			WHEN (SELECT b.typtype FROM pg_catalog.pg_type b WHERE b.oid OPERATOR(pg_catalog.=) ty.typbasetype) OPERATOR(pg_catalog.=) 'd' THEN 0
 			ELSE -1 END AS typmod
-		FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON ty.oid = a.atttypid
-		WHERE a.attrelid = pg_catalog.to_regclass($4) AND a.attname = $5 AND a.attnum > 0 AND NOT a.attisdropped) p
+		FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON ty.oid OPERATOR(pg_catalog.=) a.atttypid
+		WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($4) AND a.attname OPERATOR(pg_catalog.=) $5::pg_catalog.name
+			AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped) p
 ), interval '0.5 second')`
 )
 

@@ -200,10 +200,16 @@
 // transaction, under the session's search_path, and a cast fixes a
 // parameter's type there) and the few operators with no exact match in
 // pg_catalog (for those PostgreSQL takes an exact match from any schema of
-// the path), as is everything in the frame's own statement. The tables and
-// the types of your columns still resolve through the rest of the path. A few
-// statements run outside a frame and resolve names through the session's
-// search_path, as your own SQL does: the DDL of Migrate (its tables go to
+// the path), as is everything in the frame's own statement; so are the
+// comparisons of a column lease's locked-at, owner and fence columns. The
+// tables, and the comparison of a column lease's id column (whose type may
+// come from any schema: citext, a domain), still resolve through the rest of
+// the path; for an id column of type varchar or a domain, which has no
+// exact operator in pg_catalog, an exact look-alike = anywhere on the path
+// decides which row a statement takes, so keep schemas that others can
+// create objects in off the search_path. A few statements run outside a
+// frame and resolve names through the session's search_path, as your own
+// SQL does: the DDL of Migrate (its tables go to
 // the first schema of the search_path when the config names none), which
 // names pg_catalog's functions and relations in its checks only;
 // [Manager.List] and [Manager.ListIntents] (one read-only query each); and

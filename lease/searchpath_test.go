@@ -226,3 +226,58 @@ func TestSearchPathLookAlikeTypesAndInexactOperatorsAreNotUsed(t *testing.T) {
 		})
 	}
 }
+
+// The third review: comparisons whose types have no exact operator in
+// pg_catalog take an exact look-alike from any schema of the path, even one
+// after pg_catalog: a locked-at column of a domain over timestamptz (a
+// look-alike < made every lease look expired), and the precision pad's
+// catalog lookup (oid = regclass: a look-alike that matches every column
+// made the pad's subquery return many rows). Those comparisons name
+// pg_catalog's operators.
+func TestSearchPathInexactComparisonsAreNotRedirected(t *testing.T) {
+	ctx := testCtx(t)
+	p1, _, schema := twoPools(t)
+	shadow := pgx.Identifier{fmt.Sprintf("shadow_%d", uint64(pgtest.UniqueInt64(t)))}.Sanitize()
+	mustExec(t, p1, "CREATE SCHEMA "+shadow)
+	t.Cleanup(func() { mustExec(t, p1, "DROP SCHEMA "+shadow+" CASCADE") })
+	ts := pgx.Identifier{schema, "ts"}.Sanitize()
+	mustExec(t, p1, "CREATE DOMAIN "+ts+" AS timestamptz(3)")
+	table := pgx.Identifier{schema, "jobs"}.Sanitize()
+	mustExec(t, p1, "CREATE TABLE "+table+" (id bigint PRIMARY KEY, locked_at "+ts+")")
+	mustExec(t, p1, "INSERT INTO "+table+" VALUES (1)")
+	for _, ddl := range []string{
+		`CREATE FUNCTION %[1]s.lt(%[2]s, timestamptz) RETURNS bool LANGUAGE sql AS 'SELECT true'`,
+		`CREATE OPERATOR %[1]s.< (LEFTARG = %[2]s, RIGHTARG = timestamptz, FUNCTION = %[1]s.lt)`,
+		`CREATE FUNCTION %[1]s.eq(oid, regclass) RETURNS bool LANGUAGE sql AS 'SELECT true'`,
+		`CREATE OPERATOR %[1]s.= (LEFTARG = oid, RIGHTARG = regclass, FUNCTION = %[1]s.eq)`,
+	} {
+		mustExec(t, p1, fmt.Sprintf(ddl, shadow, ts))
+	}
+	cfg := lease.ColumnConfig{Schema: schema, Table: "jobs", TTL: time.Minute}
+	cn, err := lease.NewColumn(p1, cfg)
+	require.NoError(t, err)
+	require.NoError(t, cn.Migrate(ctx))
+	for _, path := range []string{shadow + ", pg_catalog", "pg_catalog, " + shadow} {
+		t.Run(path, func(t *testing.T) {
+			pc := pgtest.Config(t)
+			pc.ConnConfig.RuntimeParams["search_path"] = path
+			hostile := pgtest.NewPool(t, pc)
+			var n int
+			require.NoError(t, hostile.QueryRow(ctx, "SELECT count(*) FROM pg_catalog.pg_attribute WHERE attrelid = 'pg_catalog.pg_class'::pg_catalog.regclass").Scan(&n))
+			require.Greater(t, n, 0)
+			var live bool
+			require.NoError(t, hostile.QueryRow(ctx, "SELECT oid = 'pg_catalog.pg_type'::pg_catalog.regclass FROM pg_catalog.pg_class WHERE relname = 'pg_class'").Scan(&live))
+			require.True(t, live, "the look-alike = is live on this pool")
+			ch, err := lease.NewColumn(hostile, cfg)
+			require.NoError(t, err)
+			l, err := ch.TryAcquire(ctx, int64(1))
+			require.NoError(t, err)
+			_, err = ch.TryAcquire(ctx, int64(1))
+			require.ErrorIs(t, err, lease.ErrNotAcquired, "no takeover of a live lease")
+			_, err = cn.TryAcquire(ctx, int64(1))
+			require.ErrorIs(t, err, lease.ErrNotAcquired)
+			require.NoError(t, l.Renew(ctx))
+			require.NoError(t, l.Release(ctx))
+		})
+	}
+}
