@@ -85,6 +85,7 @@ func (d *dedicated) lose(h *Lock, cause error) {
 	h.l.unpin(h.a.c)
 	h.mu.Lock()
 	d.lost = true
+	h.pendingLoss = err // an Unlock that finds d.lost returns it (see Lock.pendingLoss)
 	h.mu.Unlock()
 	h.markLost(err)
 }

@@ -40,9 +40,16 @@ type Lock struct {
 	mu        sync.Mutex
 	err       error // nil while held; the loss, or errUnlocked
 	lostTrace bool  // the loss has been traced (markLost): once per lock
-	unlockErr error
-	unlocked  bool
-	unlockEnd chan struct{} // closed once unlockErr is set
+	// pendingLoss is the loss of a lock whose connection is being lost,
+	// set before anyone can see it gone (under mu, with l.holders.mu held
+	// too on a holder connection) and traced by markLost right after:
+	// an Unlock that runs meanwhile returns it, cause included, and leaves
+	// closing Done to markLost, after TraceLost.
+	pendingLoss error
+	doneClosed  bool // Done is closed (under mu)
+	unlockErr   error
+	unlocked    bool
+	unlockEnd   chan struct{} // closed once unlockErr is set
 
 	ded dedicated // the home of a dedicated lock (kept here: no allocation)
 
@@ -165,7 +172,10 @@ func (h *Lock) Err() error {
 // heartbeats are on). It returns nil, or an error matching ErrLockLost if
 // the lock had been lost (the connection was found dead, by the watcher or
 // by this unlock: either way Err then returns the same error and the loss
-// is traced once, with TraceLost and no TraceRelease), or ErrNotHeld if
+// is traced once, with TraceLost and no TraceRelease; when the watcher is
+// still marking the locks of a lost holder connection one by one, this
+// lock's TraceLost may come just after Unlock returns, and Done closes
+// after it), or ErrNotHeld if
 // PostgreSQL did not have it any more (on a shared holder connection that
 // puts the connection in doubt: it is destroyed and every other lock on it
 // is lost).
@@ -199,7 +209,9 @@ func (h *Lock) Unlock(ctx context.Context) error {
 		if errors.Is(err, ErrLockLost) {
 			h.err = err
 		}
-		close(h.done)
+		if h.pendingLoss == nil || !errors.Is(err, ErrLockLost) {
+			h.closeDone()
+		} // else the loss is being marked: markLost closes Done after TraceLost
 	}
 	h.mu.Unlock()
 	return err
@@ -210,10 +222,37 @@ func (h *Lock) Unlock(ctx context.Context) error {
 // marked (a LostTracer that unlocks runs before the loss is recorded), an
 // error matching ErrLockLost.
 func (h *Lock) lostErr() error {
-	if err := h.Err(); err != nil && err != ErrUnlocked {
-		return err
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.err != nil && h.err != ErrUnlocked {
+		return h.err
+	}
+	if h.pendingLoss != nil {
+		return h.pendingLoss
 	}
 	return &LockError{Op: opName(kindUnlock, h.a.shared), Keys: h.a.s.all, Err: ErrLockLost}
+}
+
+// closeDone closes Done once; h.mu is held.
+func (h *Lock) closeDone() {
+	if !h.doneClosed {
+		h.doneClosed = true
+		close(h.done)
+	}
+}
+
+// pendingLossErr returns the loss setPendingLoss recorded.
+func (h *Lock) pendingLossErr() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.pendingLoss
+}
+
+// setPendingLoss records err as the loss being marked (see pendingLoss).
+func (h *Lock) setPendingLoss(err error) {
+	h.mu.Lock()
+	h.pendingLoss = err
+	h.mu.Unlock()
 }
 
 // markLost records err (matching ErrLockLost) as the lock's loss, traces it
@@ -235,11 +274,13 @@ func (h *Lock) markLost(err error) bool {
 	h.a.span.lost(err) // traced before Done closes: a waiter on Done sees it
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.err != nil {
+	if h.err == nil {
+		h.err = err
+	}
+	if h.doneClosed {
 		return false
 	}
-	h.err = err
-	close(h.done)
+	h.closeDone()
 	return true
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -286,10 +285,13 @@ func (b *blockingLostTracer) count(k keys.Key) int {
 // Two locks on one holder connection are lost together; the loss is traced
 // lock by lock. An Unlock of the second that runs while the first's trace
 // is still on returns ErrLockLost at once (the loss is being marked) and
-// ends the lock; the second's loss must still be traced, once. Before the
-// fix it never was: the marking found the lock ended and skipped it, and a
-// metrics tracer's held gauge stayed up for good (TestLostCountedOnceWhoeverSeesIt
-// in metrics failed so under load).
+// ends the lock; the second's loss must still be traced, once, before its
+// Done closes, and Unlock and Err return the loss with its cause. Before the
+// first fix it never was traced: the marking found the lock ended and
+// skipped it, and a metrics tracer's held gauge stayed up for good
+// (TestLostCountedOnceWhoeverSeesIt in metrics failed so under load); before
+// the second (the third review), Done closed, and Unlock returned a bare
+// unlock error, before the trace.
 func TestUnlockDuringTheLossStillTracesIt(t *testing.T) {
 	ctx := testCtx(t)
 	admin := pgtest.Pool(t)
@@ -308,13 +310,22 @@ func TestUnlockDuringTheLossStillTracesIt(t *testing.T) {
 		first, second, firstKey, secondKey = h2, h1, k2, k1
 	}
 	require.Equal(t, 0, tr.count(secondKey))
-	require.ErrorIs(t, second.Unlock(ctx), advisory.ErrLockLost, "the loss is being marked")
-	require.ErrorIs(t, second.Err(), advisory.ErrLockLost)
+	uerr := second.Unlock(ctx)
+	require.ErrorIs(t, uerr, advisory.ErrLockLost, "the loss is being marked")
+	assert.Equal(t, uerr, second.Err(), "Err returns what Unlock did")
+	var le *advisory.LockError
+	if assert.ErrorAs(t, uerr, &le) {
+		assert.Equal(t, "lock", le.Op, "the loss the watcher saw (its cause), not a bare unlock error")
+	}
+	select {
+	case <-second.Done():
+		t.Fatal("Done closed before the loss was traced")
+	default:
+	}
 	close(tr.release)
 	<-first.Done()
 	require.ErrorIs(t, first.Unlock(ctx), advisory.ErrLockLost)
-	require.Eventually(t, func() bool { return tr.count(secondKey) > 0 }, 10*time.Second, time.Millisecond,
-		"the second lock's loss is traced")
+	<-second.Done()
+	assert.Equal(t, 1, tr.count(secondKey), "traced before Done closed")
 	assert.Equal(t, 1, tr.count(firstKey))
-	assert.Equal(t, 1, tr.count(secondKey))
 }

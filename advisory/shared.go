@@ -541,6 +541,9 @@ func (hc *holderConn) lose(cause error, except *Lock, byWatcher bool) {
 		next := h.next
 		if h != except && !h.pending {
 			locks = append(locks, h)
+			// Before anyone can see h gone: an Unlock that finds it so
+			// returns this loss (see Lock.pendingLoss).
+			h.setPendingLoss(&LockError{Op: h.a.op, Keys: h.a.s.all, Err: join(ErrLockLost, cause)})
 		}
 		h.on, h.prev, h.next = nil, nil, nil
 		h = next
@@ -551,7 +554,7 @@ func (hc *holderConn) lose(cause error, except *Lock, byWatcher bool) {
 	// The holders hear first: they must stop acting as owners at once,
 	// and a destroy over a frozen network may take its whole bound.
 	for _, h := range locks {
-		h.markLost(&LockError{Op: h.a.op, Keys: h.a.s.all, Err: join(ErrLockLost, cause)})
+		h.markLost(h.pendingLossErr())
 	}
 	hc.c.MarkDirty(cause)
 	hc.l.unpin(hc.c)
