@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -22,9 +23,7 @@ import (
 func TestLeaseCallsPgCatalogsFunctions(t *testing.T) {
 	ctx := testCtx(t)
 	p1, _, schema := twoPools(t)
-	shadow := pgx.Identifier{fmt.Sprintf("shadow_%d", uint64(pgtest.UniqueInt64(t)))}.Sanitize()
-	mustExec(t, p1, "CREATE SCHEMA "+shadow)
-	t.Cleanup(func() { mustExec(t, p1, "DROP SCHEMA "+shadow+" CASCADE") })
+	shadow := shadowSchema(t, p1)
 	for _, f := range []string{
 		"now() RETURNS timestamptz",
 		"set_config(text, text, bool) RETURNS text",
@@ -35,9 +34,7 @@ func TestLeaseCallsPgCatalogsFunctions(t *testing.T) {
 	} {
 		mustExec(t, p1, "CREATE FUNCTION "+shadow+"."+f+" LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'hijacked'; END$$")
 	}
-	cfg := pgtest.Config(t)
-	cfg.ConnConfig.RuntimeParams["search_path"] = shadow + ", pg_catalog"
-	pool := pgtest.NewPool(t, cfg)
+	pool := pathPool(t, shadow+", pg_catalog")
 	_, err := pool.Exec(ctx, "SELECT now()")
 	require.ErrorContains(t, err, "hijacked", "the shadows are live on this pool")
 
@@ -85,9 +82,7 @@ func TestLeaseCallsPgCatalogsFunctions(t *testing.T) {
 func TestSearchPathLookAlikeOperatorsAreNotUsed(t *testing.T) {
 	ctx := testCtx(t)
 	p1, _, schema := twoPools(t)
-	shadow := pgx.Identifier{fmt.Sprintf("shadow_%d", uint64(pgtest.UniqueInt64(t)))}.Sanitize()
-	mustExec(t, p1, "CREATE SCHEMA "+shadow)
-	t.Cleanup(func() { mustExec(t, p1, "DROP SCHEMA "+shadow+" CASCADE") })
+	shadow := shadowSchema(t, p1)
 	for _, ddl := range []string{
 		// now() + TTL gives the past, now() - TTL the future, counter + 1 the counter.
 		`CREATE FUNCTION %[1]s.tplus(timestamptz, interval) RETURNS timestamptz LANGUAGE sql AS 'SELECT $1 OPERATOR(pg_catalog.-) $2'`,
@@ -101,9 +96,7 @@ func TestSearchPathLookAlikeOperatorsAreNotUsed(t *testing.T) {
 	} {
 		mustExec(t, p1, fmt.Sprintf(ddl, shadow))
 	}
-	cfg := pgtest.Config(t)
-	cfg.ConnConfig.RuntimeParams["search_path"] = shadow + ", pg_catalog"
-	hostile := pgtest.NewPool(t, cfg)
+	hostile := pathPool(t, shadow+", pg_catalog")
 	var past bool
 	require.NoError(t, hostile.QueryRow(ctx, "SELECT now() + interval '1 minute' < now()").Scan(&past))
 	require.True(t, past, "the look-alikes are live on this pool")
@@ -165,9 +158,7 @@ func TestSearchPathLookAlikeOperatorsAreNotUsed(t *testing.T) {
 func TestSearchPathLookAlikeTypesAndInexactOperatorsAreNotUsed(t *testing.T) {
 	ctx := testCtx(t)
 	p1, _, schema := twoPools(t)
-	shadow := pgx.Identifier{fmt.Sprintf("shadow_%d", uint64(pgtest.UniqueInt64(t)))}.Sanitize()
-	mustExec(t, p1, "CREATE SCHEMA "+shadow)
-	t.Cleanup(func() { mustExec(t, p1, "DROP SCHEMA "+shadow+" CASCADE") })
+	shadow := shadowSchema(t, p1)
 	// The tables first, on the normal pool: Migrate's DDL follows the
 	// session's search_path (the doc says so), and the shadow text type
 	// below would become their columns' type.
@@ -198,9 +189,7 @@ func TestSearchPathLookAlikeTypesAndInexactOperatorsAreNotUsed(t *testing.T) {
 	// operator still wins; before it, both are live.
 	for _, path := range []string{shadow + ", pg_catalog", "pg_catalog, " + shadow} {
 		t.Run(path, func(t *testing.T) {
-			cfg := pgtest.Config(t)
-			cfg.ConnConfig.RuntimeParams["search_path"] = path
-			hostile := pgtest.NewPool(t, cfg)
+			hostile := pathPool(t, path)
 			var pad string
 			require.NoError(t, hostile.QueryRow(ctx, "SELECT (5::bigint * interval '1 second')::pg_catalog.text").Scan(&pad))
 			require.Equal(t, "-01:00:00", pad, "the look-alike operator is live on this pool")
@@ -237,9 +226,7 @@ func TestSearchPathLookAlikeTypesAndInexactOperatorsAreNotUsed(t *testing.T) {
 func TestSearchPathInexactComparisonsAreNotRedirected(t *testing.T) {
 	ctx := testCtx(t)
 	p1, _, schema := twoPools(t)
-	shadow := pgx.Identifier{fmt.Sprintf("shadow_%d", uint64(pgtest.UniqueInt64(t)))}.Sanitize()
-	mustExec(t, p1, "CREATE SCHEMA "+shadow)
-	t.Cleanup(func() { mustExec(t, p1, "DROP SCHEMA "+shadow+" CASCADE") })
+	shadow := shadowSchema(t, p1)
 	ts := pgx.Identifier{schema, "ts"}.Sanitize()
 	mustExec(t, p1, "CREATE DOMAIN "+ts+" AS timestamptz(3)")
 	table := pgx.Identifier{schema, "jobs"}.Sanitize()
@@ -259,9 +246,7 @@ func TestSearchPathInexactComparisonsAreNotRedirected(t *testing.T) {
 	require.NoError(t, cn.Migrate(ctx))
 	for _, path := range []string{shadow + ", pg_catalog", "pg_catalog, " + shadow} {
 		t.Run(path, func(t *testing.T) {
-			pc := pgtest.Config(t)
-			pc.ConnConfig.RuntimeParams["search_path"] = path
-			hostile := pgtest.NewPool(t, pc)
+			hostile := pathPool(t, path)
 			var n int
 			require.NoError(t, hostile.QueryRow(ctx, "SELECT count(*) FROM pg_catalog.pg_attribute WHERE attrelid = 'pg_catalog.pg_class'::pg_catalog.regclass").Scan(&n))
 			require.Greater(t, n, 0)
@@ -280,4 +265,23 @@ func TestSearchPathInexactComparisonsAreNotRedirected(t *testing.T) {
 			require.NoError(t, l.Release(ctx))
 		})
 	}
+}
+
+// shadowSchema creates a schema for look-alikes, dropped after the test,
+// and returns its quoted name.
+func shadowSchema(t *testing.T, admin *pgxpool.Pool) string {
+	t.Helper()
+	shadow := pgx.Identifier{fmt.Sprintf("shadow_%d", uint64(pgtest.UniqueInt64(t)))}.Sanitize()
+	mustExec(t, admin, "CREATE SCHEMA "+shadow)
+	t.Cleanup(func() { mustExec(t, admin, "DROP SCHEMA "+shadow+" CASCADE") })
+	return shadow
+}
+
+// pathPool returns a pool on the test database whose sessions start with
+// search_path set to path.
+func pathPool(t *testing.T, path string) *pgxpool.Pool {
+	t.Helper()
+	cfg := pgtest.Config(t)
+	cfg.ConnConfig.RuntimeParams["search_path"] = path
+	return pgtest.NewPool(t, cfg)
 }
