@@ -69,8 +69,13 @@ func (d *dedicated) release(ctx context.Context, h *Lock) error {
 	// once (TraceLost, Err) instead of by the watcher.
 	err := h.l.unlockSession(ctx, h.a.c, &h.a.request)
 	if errors.Is(err, ErrLockLost) {
+		// Traced by ended, below: a concurrent Unlock (a LostTracer's)
+		// returns this loss at once, and Err agrees, before the trace.
 		h.mu.Lock()
-		h.lostTrace = true // traced by ended: the watcher has returned, but say so anyway
+		h.lostTrace = true
+		if h.err == nil {
+			h.err = err
+		}
 		h.mu.Unlock()
 	}
 	h.a.span.ended(err)
@@ -85,7 +90,7 @@ func (d *dedicated) lose(h *Lock, cause error) {
 	h.l.unpin(h.a.c)
 	h.mu.Lock()
 	d.lost = true
-	h.pendingLoss = err // an Unlock that finds d.lost returns it (see Lock.pendingLoss)
+	h.pendingLoss, h.marking = err, true // an Unlock that finds d.lost returns it (see Lock.pendingLoss)
 	h.mu.Unlock()
 	h.markLost(err)
 }

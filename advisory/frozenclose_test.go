@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/pgxlock/pgxlock/advisory"
 	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/keys"
 )
 
 // pipeFreezer dials the server through an in-memory pipe (net.Pipe has no
@@ -149,6 +151,136 @@ func TestLostTracerUnlockDuringAnUnlockDoesNotDeadlock(t *testing.T) {
 			defer tr.mu.Unlock()
 			require.Len(t, tr.errs, 1, "one TraceLost")
 			assert.ErrorIs(t, tr.errs[0], advisory.ErrLockLost)
+		})
+	}
+}
+
+// unlockOthersTracer unlocks, from TraceLost, every lock it knows but the
+// lost one (locks sharing the lost lock's holder connection are lost too),
+// and counts the traces per key.
+type unlockOthersTracer struct {
+	mu   sync.Mutex
+	all  []*advisory.Lock
+	lost map[keys.Key]int
+}
+
+func (u *unlockOthersTracer) TraceAcquireStart(ctx context.Context, _ advisory.TraceAcquireStartData) context.Context {
+	return ctx
+}
+func (*unlockOthersTracer) TraceAcquireEnd(context.Context, advisory.TraceAcquireEndData) {}
+func (u *unlockOthersTracer) TraceLost(_ context.Context, d advisory.TraceLostData) {
+	u.mu.Lock()
+	u.lost[d.Keys[0]]++
+	all := slices.Clone(u.all)
+	u.mu.Unlock()
+	for _, o := range all {
+		if o.Keys()[0] != d.Keys[0] {
+			_ = o.Unlock(context.Background())
+		}
+	}
+}
+
+// The fourth review's deadlock: two locks on one holder connection, both
+// being unlocked over a frozen network. The first Unlock's statement runs
+// out its bound and loses the connection while it holds the connection's
+// turn, for which the other Unlock waits; a LostTracer that unlocks the
+// other lock must not wait for that Unlock either. Both return the loss,
+// each lock traced once.
+func TestLostTracerUnlockingAnotherLockDoesNotDeadlock(t *testing.T) {
+	ctx := testCtx(t)
+	f := &pipeFreezer{}
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 4
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.ConnConfig.DialFunc = f.dial
+	pool := pgtest.NewPool(t, cfg)
+	tr := &unlockOthersTracer{lost: map[keys.Key]int{}}
+	l := newLocker(t, pool, advisory.Config{Tracer: tr,
+		HeartbeatInterval: time.Minute, HeartbeatTimeout: time.Second, CleanupTimeout: time.Second})
+	a, err := l.TryLock(ctx, key(t), nil)
+	require.NoError(t, err)
+	b, err := l.TryLock(ctx, key(t), nil)
+	require.NoError(t, err)
+	tr.mu.Lock()
+	tr.all = []*advisory.Lock{a, b}
+	tr.mu.Unlock()
+	f.frozen.Store(true)
+	t.Cleanup(func() { f.frozen.Store(false) })
+	errs := make(chan error, 2)
+	for _, h := range []*advisory.Lock{a, b} {
+		go func() { errs <- h.Unlock(context.Background()) }()
+	}
+	for range 2 {
+		select {
+		case err := <-errs:
+			assert.ErrorIs(t, err, advisory.ErrLockLost)
+		case <-time.After(time.Minute):
+			t.Fatalf("the Unlocks deadlocked (a: Err=%v, b: Err=%v)", a.Err(), b.Err())
+		}
+	}
+	<-a.Done()
+	<-b.Done()
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	assert.Equal(t, 1, tr.lost[a.Keys()[0]])
+	assert.Equal(t, 1, tr.lost[b.Keys()[0]])
+}
+
+// blockFirstLostTracer blocks its first TraceLost until release is closed,
+// after closing tracing.
+type blockFirstLostTracer struct {
+	once             sync.Once
+	tracing, release chan struct{}
+}
+
+func (b *blockFirstLostTracer) TraceAcquireStart(ctx context.Context, _ advisory.TraceAcquireStartData) context.Context {
+	return ctx
+}
+func (*blockFirstLostTracer) TraceAcquireEnd(context.Context, advisory.TraceAcquireEndData) {}
+func (b *blockFirstLostTracer) TraceLost(context.Context, advisory.TraceLostData) {
+	b.once.Do(func() {
+		close(b.tracing)
+		<-b.release
+	})
+}
+
+// A second Unlock while the first, which found the connection dead, is
+// still tracing the loss returns at once with the same loss, cause
+// included, and Err agrees at that moment; Done closes only after the
+// trace (the fourth review: on a dedicated lock the second Unlock got a
+// bare error and Err was still nil).
+func TestSecondUnlockDuringTheFirstsTraceReturnsTheLoss(t *testing.T) {
+	for _, dedicated := range []bool{false, true} {
+		t.Run(fmt.Sprintf("dedicated=%v", dedicated), func(t *testing.T) {
+			ctx := testCtx(t)
+			f := &pipeFreezer{}
+			cfg := pgtest.Config(t)
+			cfg.MaxConns = 4
+			cfg.ConnConfig.Fallbacks = nil
+			cfg.ConnConfig.DialFunc = f.dial
+			pool := pgtest.NewPool(t, cfg)
+			tr := &blockFirstLostTracer{tracing: make(chan struct{}), release: make(chan struct{})}
+			l := newLocker(t, pool, advisory.Config{DisableMultiplexing: dedicated, Tracer: tr,
+				HeartbeatInterval: time.Minute, HeartbeatTimeout: 300 * time.Millisecond, CleanupTimeout: 300 * time.Millisecond})
+			h, err := l.TryLock(ctx, key(t), nil)
+			require.NoError(t, err)
+			f.frozen.Store(true)
+			t.Cleanup(func() { f.frozen.Store(false) })
+			first := make(chan error, 1)
+			go func() { first <- h.Unlock(context.Background()) }()
+			<-tr.tracing
+			second := h.Unlock(ctx)
+			require.ErrorIs(t, second, advisory.ErrLockLost)
+			assert.Equal(t, second, h.Err(), "Err agrees with the second Unlock")
+			assert.ErrorContains(t, second, "pooltx: unlock", "the cause is kept")
+			select {
+			case <-h.Done():
+				t.Fatal("Done closed before the trace ended")
+			default:
+			}
+			close(tr.release)
+			assert.Equal(t, second, <-first)
+			<-h.Done()
 		})
 	}
 }

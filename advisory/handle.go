@@ -46,6 +46,7 @@ type Lock struct {
 	// an Unlock that runs meanwhile returns it, cause included, and leaves
 	// closing Done to markLost, after TraceLost.
 	pendingLoss error
+	marking     bool // pendingLoss is set and markLost has not finished (under mu)
 	doneClosed  bool // Done is closed (under mu)
 	unlockErr   error
 	unlocked    bool
@@ -182,11 +183,12 @@ func (h *Lock) Err() error {
 func (h *Lock) Unlock(ctx context.Context) error {
 	h.mu.Lock()
 	if h.unlocked {
-		if h.lostTrace {
-			// The loss is being or has been traced: the lock's end is
-			// known, and this call may come from a LostTracer that the
-			// unlocking call (or the loss it waits for) is running, which
-			// waiting would deadlock.
+		if h.lostTrace || h.marking {
+			// The loss is being or has been marked or traced: the lock's
+			// end is known, and this call may come from a LostTracer that
+			// the unlocking call (or the loss it waits for, which may hold
+			// the holder connection's turn) is running: waiting would
+			// deadlock.
 			h.mu.Unlock()
 			return h.lostErr()
 		}
@@ -209,10 +211,10 @@ func (h *Lock) Unlock(ctx context.Context) error {
 		if errors.Is(err, ErrLockLost) {
 			h.err = err
 		}
-		if h.pendingLoss == nil || !errors.Is(err, ErrLockLost) {
-			h.closeDone()
-		} // else the loss is being marked: markLost closes Done after TraceLost
 	}
+	if !h.marking {
+		h.closeDone()
+	} // else the loss is being marked: markLost closes Done after TraceLost
 	h.mu.Unlock()
 	return err
 }
@@ -248,10 +250,11 @@ func (h *Lock) pendingLossErr() error {
 	return h.pendingLoss
 }
 
-// setPendingLoss records err as the loss being marked (see pendingLoss).
+// setPendingLoss records err as the loss being marked (see pendingLoss);
+// markLost follows.
 func (h *Lock) setPendingLoss(err error) {
 	h.mu.Lock()
-	h.pendingLoss = err
+	h.pendingLoss, h.marking = err, true
 	h.mu.Unlock()
 }
 
@@ -259,24 +262,33 @@ func (h *Lock) setPendingLoss(err error) {
 // and closes Done, unless the lock has ended already. It reports whether it
 // did.
 //
-// An Unlock that found the loss being marked (lostErr) may have ended the
-// lock first, with an error matching ErrLockLost: the loss is still traced
-// here, once, so that a loss is never left untraced (a LostTracer's held
-// gauge would stay up for good).
+// An Unlock that found the loss being marked (lostErr) may have returned
+// first, with the pending loss: the loss is still traced here, once, so
+// that a loss is never left untraced (a LostTracer's held gauge would stay
+// up for good), and Done closes here, after the trace. The loss is recorded
+// (Err) before the trace, so that a LostTracer's Unlock, which returns at
+// once, and Err agree.
 func (h *Lock) markLost(err error) bool {
 	h.mu.Lock()
 	if h.lostTrace || (h.err != nil && !errors.Is(h.err, ErrLockLost)) {
+		// Traced already (whoever traced closes Done after it), or
+		// unlocked before the loss.
+		h.marking = false
+		if !h.lostTrace {
+			h.closeDone()
+		}
 		h.mu.Unlock()
 		return false
 	}
 	h.lostTrace = true
+	if h.err == nil {
+		h.err = err // Err, and an Unlock from the LostTracer, see the loss now
+	}
 	h.mu.Unlock()
 	h.a.span.lost(err) // traced before Done closes: a waiter on Done sees it
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.err == nil {
-		h.err = err
-	}
+	h.marking = false
 	if h.doneClosed {
 		return false
 	}

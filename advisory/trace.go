@@ -112,8 +112,10 @@ type ReleaseTracer interface {
 }
 
 // LostTracer traces losses of held session locks. TraceLost runs before
-// the lock's Done closes; it may call the lost lock's Unlock, which then
-// returns an error matching ErrLockLost without waiting.
+// the lock's Done closes; it may call the lost lock's Unlock, or that of
+// another lock lost with it (on the same holder connection), which then
+// returns an error matching ErrLockLost without waiting, even while
+// another Unlock of that lock is under way.
 type LostTracer interface {
 	TraceLost(ctx context.Context, data TraceLostData)
 }
