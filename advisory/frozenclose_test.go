@@ -284,3 +284,46 @@ func TestSecondUnlockDuringTheFirstsTraceReturnsTheLoss(t *testing.T) {
 		})
 	}
 }
+
+// releaseUnlocksTracer unlocks other, once, from the first TraceRelease.
+type releaseUnlocksTracer struct {
+	fired atomic.Bool // not a sync.Once: the other Unlock traces its own release from inside
+	other *advisory.Lock
+	err   chan error
+}
+
+func (r *releaseUnlocksTracer) TraceAcquireStart(ctx context.Context, _ advisory.TraceAcquireStartData) context.Context {
+	return ctx
+}
+func (*releaseUnlocksTracer) TraceAcquireEnd(context.Context, advisory.TraceAcquireEndData) {}
+func (r *releaseUnlocksTracer) TraceRelease(context.Context, advisory.TraceReleaseData) {
+	if r.fired.CompareAndSwap(false, true) {
+		r.err <- r.other.Unlock(context.Background())
+	}
+}
+
+// A ReleaseTracer that unlocks another lock of the same holder connection
+// (the fifth review): the release is traced once the connection's turn is
+// given back, so the other Unlock, which waits for the turn, goes through.
+func TestReleaseTracerUnlockingAnotherLockDoesNotDeadlock(t *testing.T) {
+	ctx := testCtx(t)
+	tr := &releaseUnlocksTracer{err: make(chan error, 1)}
+	l := newLocker(t, pgtest.Pool(t), advisory.Config{Tracer: tr})
+	a, err := l.TryLock(ctx, key(t), nil)
+	require.NoError(t, err)
+	b, err := l.TryLock(ctx, key(t), nil)
+	require.NoError(t, err)
+	admin := pgtest.Pool(t)
+	require.Equal(t, holderPID(ctx, t, admin, a.Keys()[0]), holderPID(ctx, t, admin, b.Keys()[0]), "one holder connection")
+	tr.other = b
+	done := make(chan error, 1)
+	go func() { done <- a.Unlock(context.Background()) }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("a's Unlock and the ReleaseTracer's Unlock of b deadlocked")
+	}
+	require.NoError(t, <-tr.err)
+	require.ErrorIs(t, b.Err(), advisory.ErrUnlocked)
+}

@@ -467,7 +467,17 @@ func (hc *holderConn) release(ctx context.Context, h *Lock) error {
 		return h.lostErr()
 	}
 	_ = hc.take(context.Background())
-	defer hc.give()
+	// The release is traced once the turn is given back: a ReleaseTracer
+	// that unlocks another lock of hc (which waits for the turn) must not
+	// wait for this one.
+	var released bool
+	var releaseErr error
+	defer func() {
+		hc.give()
+		if released {
+			a.span.released(releaseErr)
+		}
+	}()
 	hc.l.holders.mu.Lock()
 	mine = h.on == hc
 	hc.l.holders.mu.Unlock()
@@ -486,10 +496,10 @@ func (hc *holderConn) release(ctx context.Context, h *Lock) error {
 		// lost and replaced. Either way the connection is in doubt.
 		lerr := &LockError{Op: opName(kindUnlock, a.shared), Keys: a.s.all, Err: ErrNotHeld}
 		hc.lose(fmt.Errorf("advisory: an unlock on the shared holder connection found a key not held: %w", ErrNotHeld), h, false)
-		a.span.released(lerr)
+		released, releaseErr = true, lerr
 		return lerr
 	}
-	a.span.released(nil)
+	released = true
 	if hc.forget(h) {
 		hc.retire()
 	}
