@@ -154,8 +154,10 @@ func (h *Lock) Done() <-chan struct{} { return h.done }
 
 // Err returns nil while the lock is held; after Done is closed, an error
 // matching ErrLockLost (wrapping what killed the connection) if the lock
-// was lost, whether the watcher or Unlock found the loss first, or
-// ErrUnlocked after an Unlock that found the lock held.
+// was lost, whether the watcher or Unlock found the loss first (while the
+// loss is being traced it may already return it), or ErrUnlocked after any
+// other Unlock: one that found the lock held, or one that returned
+// ErrNotHeld.
 func (h *Lock) Err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
