@@ -39,6 +39,7 @@ func TestSharedUnlockFindingAKeyNotHeldLosesTheHolder(t *testing.T) {
 	require.True(t, released)
 
 	require.ErrorIs(t, h1.Unlock(ctx), ErrNotHeld)
+	assert.Equal(t, ErrUnlocked, h1.Err(), "Err after an Unlock that returned ErrNotHeld")
 	select {
 	case <-h2.Done():
 	case <-time.After(30 * time.Second):
