@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -54,6 +55,24 @@ func (f *pipeFreezer) dial(ctx context.Context, network, addr string) (net.Conn,
 	return a, nil
 }
 
+// frozenPool returns a pool of 4 connections that go through a pipeFreezer,
+// and the freezer.
+func frozenPool(t *testing.T) (*pgxpool.Pool, *pipeFreezer) {
+	t.Helper()
+	f := &pipeFreezer{}
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 4
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.ConnConfig.DialFunc = f.dial
+	return pgtest.NewPool(t, cfg), f
+}
+
+// freeze stops the relaying until the test ends.
+func (f *pipeFreezer) freeze(t *testing.T) {
+	f.frozen.Store(true)
+	t.Cleanup(func() { f.frozen.Store(false) })
+}
+
 // An Unlock over a frozen network whose writes block keeps its bounds: the
 // unlock's (CleanupTimeout, on a holder connection at most
 // HeartbeatTimeout) and then closing the destroyed connection's (another
@@ -66,19 +85,13 @@ func TestUnlockOverAFrozenNetworkKeepsItsBounds(t *testing.T) {
 	for _, dedicated := range []bool{false, true} {
 		t.Run(fmt.Sprintf("dedicated=%v", dedicated), func(t *testing.T) {
 			ctx := testCtx(t)
-			f := &pipeFreezer{}
-			cfg := pgtest.Config(t)
-			cfg.MaxConns = 4
-			cfg.ConnConfig.Fallbacks = nil
-			cfg.ConnConfig.DialFunc = f.dial
-			pool := pgtest.NewPool(t, cfg)
-			t.Logf("TLS: %v", cfg.ConnConfig.TLSConfig != nil)
+			pool, f := frozenPool(t)
+			t.Logf("TLS: %v", pool.Config().ConnConfig.TLSConfig != nil)
 			l := newLocker(t, pool, advisory.Config{DisableMultiplexing: dedicated,
 				HeartbeatInterval: time.Minute, HeartbeatTimeout: 300 * time.Millisecond, CleanupTimeout: time.Second})
 			h, err := l.TryLock(ctx, key(t), nil)
 			require.NoError(t, err)
-			f.frozen.Store(true)
-			t.Cleanup(func() { f.frozen.Store(false) })
+			f.freeze(t)
 			done := make(chan error, 1)
 			t0 := time.Now()
 			go func() { done <- h.Unlock(context.Background()) }()
@@ -123,12 +136,7 @@ func TestLostTracerUnlockDuringAnUnlockDoesNotDeadlock(t *testing.T) {
 	for _, dedicated := range []bool{false, true} {
 		t.Run(fmt.Sprintf("dedicated=%v", dedicated), func(t *testing.T) {
 			ctx := testCtx(t)
-			f := &pipeFreezer{}
-			cfg := pgtest.Config(t)
-			cfg.MaxConns = 4
-			cfg.ConnConfig.Fallbacks = nil
-			cfg.ConnConfig.DialFunc = f.dial
-			pool := pgtest.NewPool(t, cfg)
+			pool, f := frozenPool(t)
 			tr := &unlockingLostTracer{}
 			l := newLocker(t, pool, advisory.Config{DisableMultiplexing: dedicated, Tracer: tr,
 				HeartbeatInterval: time.Minute, HeartbeatTimeout: 300 * time.Millisecond, CleanupTimeout: 300 * time.Millisecond})
@@ -137,8 +145,7 @@ func TestLostTracerUnlockDuringAnUnlockDoesNotDeadlock(t *testing.T) {
 			tr.mu.Lock()
 			tr.h = h
 			tr.mu.Unlock()
-			f.frozen.Store(true)
-			t.Cleanup(func() { f.frozen.Store(false) })
+			f.freeze(t)
 			done := make(chan error, 1)
 			go func() { done <- h.Unlock(context.Background()) }()
 			select {
@@ -188,12 +195,7 @@ func (u *unlockOthersTracer) TraceLost(_ context.Context, d advisory.TraceLostDa
 // each lock traced once.
 func TestLostTracerUnlockingAnotherLockDoesNotDeadlock(t *testing.T) {
 	ctx := testCtx(t)
-	f := &pipeFreezer{}
-	cfg := pgtest.Config(t)
-	cfg.MaxConns = 4
-	cfg.ConnConfig.Fallbacks = nil
-	cfg.ConnConfig.DialFunc = f.dial
-	pool := pgtest.NewPool(t, cfg)
+	pool, f := frozenPool(t)
 	tr := &unlockOthersTracer{lost: map[keys.Key]int{}}
 	l := newLocker(t, pool, advisory.Config{Tracer: tr,
 		HeartbeatInterval: time.Minute, HeartbeatTimeout: time.Second, CleanupTimeout: time.Second})
@@ -204,8 +206,7 @@ func TestLostTracerUnlockingAnotherLockDoesNotDeadlock(t *testing.T) {
 	tr.mu.Lock()
 	tr.all = []*advisory.Lock{a, b}
 	tr.mu.Unlock()
-	f.frozen.Store(true)
-	t.Cleanup(func() { f.frozen.Store(false) })
+	f.freeze(t)
 	errs := make(chan error, 2)
 	for _, h := range []*advisory.Lock{a, b} {
 		go func() { errs <- h.Unlock(context.Background()) }()
@@ -253,19 +254,13 @@ func TestSecondUnlockDuringTheFirstsTraceReturnsTheLoss(t *testing.T) {
 	for _, dedicated := range []bool{false, true} {
 		t.Run(fmt.Sprintf("dedicated=%v", dedicated), func(t *testing.T) {
 			ctx := testCtx(t)
-			f := &pipeFreezer{}
-			cfg := pgtest.Config(t)
-			cfg.MaxConns = 4
-			cfg.ConnConfig.Fallbacks = nil
-			cfg.ConnConfig.DialFunc = f.dial
-			pool := pgtest.NewPool(t, cfg)
+			pool, f := frozenPool(t)
 			tr := &blockFirstLostTracer{tracing: make(chan struct{}), release: make(chan struct{})}
 			l := newLocker(t, pool, advisory.Config{DisableMultiplexing: dedicated, Tracer: tr,
 				HeartbeatInterval: time.Minute, HeartbeatTimeout: 300 * time.Millisecond, CleanupTimeout: 300 * time.Millisecond})
 			h, err := l.TryLock(ctx, key(t), nil)
 			require.NoError(t, err)
-			f.frozen.Store(true)
-			t.Cleanup(func() { f.frozen.Store(false) })
+			f.freeze(t)
 			first := make(chan error, 1)
 			go func() { first <- h.Unlock(context.Background()) }()
 			<-tr.tracing
