@@ -86,8 +86,9 @@ func fleetChild(t *testing.T, spec helperSpec) {
 	s, err := gocron.NewScheduler(gocron.WithClock(clock), gocron.WithDistributedLocker(jl),
 		gocron.WithMonitor(fleetMonitor{out: out, tick: current}), gocron.WithStopTimeout(waitBound))
 	require.NoError(t, err)
+	var gjobs []gocron.Job
 	for _, job := range spec.Jobs {
-		_, err = s.NewJob(gocron.DurationJob(fleetEvery), gocron.NewTask(func() {
+		gj, err := s.NewJob(gocron.DurationJob(fleetEvery), gocron.NewTask(func() {
 			n := current()
 			out <- fmt.Sprintf("ran %d %s", n, job)
 			for {
@@ -110,6 +111,7 @@ func fleetChild(t *testing.T, spec helperSpec) {
 			}
 		})))
 		require.NoError(t, err)
+		gjobs = append(gjobs, gj)
 	}
 	s.Start()
 	sc := bufio.NewScanner(os.Stdin)
@@ -117,6 +119,9 @@ func fleetChild(t *testing.T, spec helperSpec) {
 		switch sc.Text() {
 		case "tick":
 			require.NoError(t, clock.BlockUntilContext(ctx, len(spec.Jobs)))
+			for _, gj := range gjobs {
+				require.NoError(t, awaitRescheduled(ctx, clock, gj))
+			}
 			mu.Lock()
 			tick++
 			mu.Unlock()

@@ -58,7 +58,7 @@ func lockerChild(t *testing.T, spec helperSpec) {
 	s, err := gocron.NewScheduler(gocron.WithClock(clock), gocron.WithDistributedLocker(jl),
 		gocron.WithMonitor(monitor{0, events}))
 	require.NoError(t, err)
-	_, err = s.NewJob(gocron.DurationJob(interval), gocron.NewTask(func() {
+	job, err := s.NewJob(gocron.DurationJob(interval), gocron.NewTask(func() {
 		out <- "ran"
 		<-release
 	}), gocron.WithName(spec.Job), gocron.WithEventListeners(gocron.AfterLockError(func(_ uuid.UUID, _ string, err error) {
@@ -87,6 +87,7 @@ func lockerChild(t *testing.T, spec helperSpec) {
 		switch sc.Text() {
 		case "tick":
 			require.NoError(t, clock.BlockUntilContext(ctx, 1))
+			require.NoError(t, awaitRescheduled(ctx, clock, job))
 			clock.Advance(interval)
 		case "release":
 			release <- struct{}{}

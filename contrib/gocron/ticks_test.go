@@ -54,6 +54,35 @@ type tickRig struct {
 	ran     chan int      // a run started (the scheduler's index)
 	proceed chan struct{} // lets one blocked run finish
 	lockErr chan error    // AfterLockError (Locker only)
+	jobs    []gocron.Job  // the job, in each scheduler
+	locker  bool          // the schedulers use the Locker: tick awaits awaitRescheduled
+}
+
+// awaitRescheduled waits until job's first next run time is after clock's now. On a skip
+// (its Lock failed) gocron's executor reports Skip to the monitor first and only then asks
+// the scheduler to drop the run times that are not after now. If the clock is advanced
+// between the two, the drop runs with the new now and also removes the run just scheduled
+// for it; the firing timer's rescheduling then finds no run time and computes the next one
+// from the zero time, which on a fake clock at a whole second is now itself, and gocron
+// fires the job again within the tick: a scheduler that skipped the tick, tried again after
+// the runner unlocked, and ran it a second time (CI, once; every run with the Skip report
+// held until the clock moves). Until the drop, the first run time is now; after it, the
+// next tick's.
+func awaitRescheduled(ctx context.Context, clock clockwork.Clock, job gocron.Job) error {
+	for {
+		next, err := job.NextRun()
+		if err != nil {
+			return err
+		}
+		if next.After(clock.Now()) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("job %s: next run %v is not after now %v: %w", job.Name(), next, clock.Now(), ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
 }
 
 const interval = 200 * time.Millisecond
@@ -71,14 +100,14 @@ func newTickRig(t *testing.T, jobName string, opts func(i int, l *advisory.Locke
 		s, err := gocron.NewScheduler(gocron.WithClock(clock), gocron.WithMonitor(monitor{i, r.events}), opts(i, l),
 			gocron.WithStopTimeout(waitBound))
 		require.NoError(t, err)
-		_, err = s.NewJob(gocron.DurationJob(interval), gocron.NewTask(func() {
+		j, err := s.NewJob(gocron.DurationJob(interval), gocron.NewTask(func() {
 			r.ran <- i
 			<-r.proceed
 		}), gocron.WithName(jobName), gocron.WithEventListeners(gocron.AfterLockError(func(_ uuid.UUID, _ string, err error) {
 			r.lockErr <- err
 		})))
 		require.NoError(t, err)
-		r.clocks, r.scheds = append(r.clocks, clock), append(r.scheds, s)
+		r.clocks, r.scheds, r.jobs = append(r.clocks, clock), append(r.scheds, s), append(r.jobs, j)
 	}
 	for _, s := range r.scheds {
 		s.Start()
@@ -94,19 +123,22 @@ func newTickRig(t *testing.T, jobName string, opts func(i int, l *advisory.Locke
 
 // tick advances every scheduler's clock by one interval and waits for the
 // tick's outcome: one scheduler runs the job, the two others skip it. It
-// returns the runner after letting its run finish.
+// returns the runner after letting its run finish. With the Locker it first
+// waits for each scheduler's past run times to be dropped (awaitRescheduled).
 //
-// Under load, gocron with a fake clock has once (in many runs) fired a
-// scheduler's timer a second time within one tick: the runner then runs
-// again (Elector) or finds its own lock busy (Locker). Both are that
-// scheduler's local repeat, not a second scheduler running the tick, so
-// they are let through; a run by any other scheduler fails the test.
+// With the Elector, gocron on a fake clock has once (in many runs) fired the
+// runner's timer a second time within one tick; that is the scheduler's local
+// repeat, not a second scheduler running the tick, so it is let through; a
+// run by any other scheduler fails the test.
 func (r *tickRig) tick(t *testing.T, ctx context.Context, n int) int {
 	t.Helper()
 	wctx, cancel := context.WithTimeout(ctx, waitBound)
 	defer cancel()
-	for _, c := range r.clocks {
+	for i, c := range r.clocks {
 		require.NoError(t, c.BlockUntilContext(wctx, 1), "scheduler timer")
+		if r.locker {
+			require.NoError(t, awaitRescheduled(wctx, c, r.jobs[i]), "scheduler %d", i)
+		}
 	}
 	for _, c := range r.clocks {
 		c.Advance(interval)
@@ -231,6 +263,7 @@ func TestLockerEachTickRunsOnce(t *testing.T) {
 		require.NoError(t, err)
 		return gocron.WithDistributedLocker(jl)
 	})
+	r.locker = true
 	require.Equal(t, keys.Hash(name), jobKey)
 	runners := map[int]int{}
 	for n := range 15 {
