@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgxlock/pgxlock/internal/sentcheck"
 	"github.com/pgxlock/pgxlock/keys"
 	"github.com/pgxlock/pgxlock/pooltx"
 )
@@ -355,7 +356,8 @@ func (x *batchAttempt) run(b *pgx.Batch) error {
 			c.MarkDirty(errors.New("advisory: a batch reader panicked"))
 		}
 	}()
-	err := c.Conn().SendBatch(w.ctx, p).Close()
+	open := !pg.IsClosed()
+	err := sentcheck.Check(c.Conn().SendBatch(w.ctx, p).Close(), open, pg)
 	panicked = false
 	w.stop()
 	w.settle(c, err) // a cancel request that may be pending makes c unfit for the pool

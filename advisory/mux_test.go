@@ -5,10 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
-	"path/filepath"
 	"runtime/pprof"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,7 +17,6 @@ import (
 
 	"github.com/pgxlock/pgxlock/advisory"
 	"github.com/pgxlock/pgxlock/internal/pgtest"
-	"github.com/pgxlock/pgxlock/internal/tcpproxy"
 	"github.com/pgxlock/pgxlock/keys"
 )
 
@@ -404,16 +400,7 @@ func TestTerminatedHolderLosesEveryLockOnIt(t *testing.T) {
 func TestFrozenNetworkLosesEveryLockOnTheHolder(t *testing.T) {
 	ctx := testCtx(t)
 	cfg := pgtest.Config(t)
-	cc := cfg.ConnConfig
-	network, target := "tcp", net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
-	if strings.HasPrefix(cc.Host, "/") {
-		network, target = "unix", filepath.Join(cc.Host, ".s.PGSQL."+strconv.Itoa(int(cc.Port)))
-	}
-	proxy, err := tcpproxy.New(network, target)
-	require.NoError(t, err)
-	t.Cleanup(proxy.Close)
-	cc.Host, cc.Port, cc.Fallbacks = "127.0.0.1", uint16(proxy.Port()), nil
-	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	proxy := proxied(t, cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg) // not pgtest.NewPool: its end check would see the cut's orphans
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgxlock/pgxlock/internal/sentcheck"
 	"github.com/pgxlock/pgxlock/pooltx"
 )
 
@@ -108,8 +109,9 @@ func exec(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration, w wait
 	}
 	queue(b)
 	b.Queue(commitSQL)
-	err = c.Conn().SendBatch(ctx, b).Close()
 	pg := c.Conn().PgConn()
+	open := !pg.IsClosed()
+	err = sentcheck.Check(c.Conn().SendBatch(ctx, b).Close(), open, pg) // a failed read after the send is not "nothing sent"
 	if pg.IsClosed() {
 		return err // a closed connection is destroyed by Release
 	}

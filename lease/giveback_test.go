@@ -1,19 +1,21 @@
 package lease_test
 
 import (
+	"context"
 	"io"
 	"net"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/internal/tcpproxy"
 	"github.com/pgxlock/pgxlock/lease"
 )
 
@@ -22,114 +24,98 @@ import (
 // result. The client cannot tell; it must give back whatever the statement
 // may have taken. A proxy between the pool and the server swallows the one
 // response and drops the connection; the lease the statement took must be
-// gone afterwards, and the next acquisition must work.
+// gone afterwards, and the next acquisition must work. In the exec modes
+// that keep a statement prepared (describe_exec describes at every call, and
+// the answer lost would be the description's): in the Exec and simple
+// protocol modes pgx reports the failed read as "conn closed", which it calls
+// safe to retry, and no give-back ran.
 func TestUnknownOutcomeIsGivenBack(t *testing.T) {
 	for _, form := range []string{"column", "manager"} {
-		t.Run(form, func(t *testing.T) {
-			p1, _, schema := twoPools(t)
-			ctx := testCtx(t)
-			proxy := newCutProxy(t, p1.Config().ConnConfig.Host, p1.Config().ConnConfig.Port)
-			cfg := pgtest.Config(t)
-			cfg.ConnConfig.Host, cfg.ConnConfig.Port = proxy.host, proxy.port
-			cfg.ConnConfig.Fallbacks = nil
-			cfg.MaxConns = 1
-			via := pgtest.NewPool(t, cfg)
-
-			var tryAcquire func() error
-			var held func() bool
-			var tokens func() int64
-			switch form {
-			case "column":
-				usersTable(t, p1, schema, time.Minute, 1)
-				users := pgx.Identifier{schema, "users"}.Sanitize()
-				c, err := lease.NewColumn(via, lease.ColumnConfig{Schema: schema, Table: "users", LockedAtColumn: "identity_action_locked_at",
-					OwnerColumn: "identity_action_locked_by", FenceColumn: "identity_action_fence", TTL: time.Minute})
-				require.NoError(t, err)
-				tryAcquire = func() error {
-					l, err := c.TryAcquire(ctx, int64(1))
-					if err == nil {
-						err = l.Release(ctx)
-					}
-					return err
-				}
-				held = func() bool {
-					return queryOne[bool](t, p1, "SELECT identity_action_locked_by IS NOT NULL FROM "+users+" WHERE id = 1")
-				}
-				tokens = func() int64 {
-					return queryOne[int64](t, p1, "SELECT identity_action_fence FROM "+users+" WHERE id = 1")
-				}
-			case "manager":
-				newManager(t, p1, schema, lease.ManagerConfig{TTL: time.Minute})
-				m, err := lease.NewManager(via, lease.ManagerConfig{Schema: schema, TTL: time.Minute})
-				require.NoError(t, err)
-				tryAcquire = func() error {
-					l, err := m.TryAcquire(ctx, "r", nil)
-					if err == nil {
-						err = l.Release(ctx)
-					}
-					return err
-				}
-				held = func() bool {
-					hs, err := m.List(ctx, &lease.ListOptions{IncludeExpired: true})
-					require.NoError(t, err)
-					return len(hs) > 0
-				}
-				resources := pgx.Identifier{schema, lease.DefaultTable + "_resources"}.Sanitize()
-				tokens = func() int64 { return queryOne[int64](t, p1, "SELECT fence FROM "+resources+" WHERE resource = 'r'") }
-			}
-
-			// Warm up: the statements get prepared on the proxied connection,
-			// so that the cut below hits the execution, not the preparation.
-			require.NoError(t, tryAcquire())
-			before := tokens()
-
-			proxy.cutNextResponse.Store(true)
-			err := tryAcquire()
-			require.Error(t, err)
-			require.NotErrorIs(t, err, lease.ErrNotAcquired)
-			t.Logf("the client saw: %v", err)
-			assert.False(t, proxy.cutNextResponse.Load(), "the proxy cut a response")
-			assert.Equal(t, before+1, tokens(), "the server did run the acquisition")
-			assert.False(t, held(), "and the give-back removed the lease it took")
-			require.NoError(t, tryAcquire(), "the resource is free again")
-		})
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+			pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+			t.Run(form+"/"+mode.String(), func(t *testing.T) { unknownOutcomeIsGivenBack(t, form, mode) })
+		}
 	}
 }
 
-// cutProxy forwards TCP connections to PostgreSQL. When cutNextResponse is
-// set, the next data the server sends on any connection is discarded and that
-// client connection is closed, as a network failure after the request left
-// the client would.
-type cutProxy struct {
-	host            string
-	port            uint16
-	cutNextResponse atomic.Bool
+// proxiedPool is a pool of one connection in mode to p1's server through a tcpproxy,
+// both closed at the test's end.
+func proxiedPool(t *testing.T, p1 *pgxpool.Pool, mode pgx.QueryExecMode) (*pgxpool.Pool, *tcpproxy.Proxy) {
+	t.Helper()
+	cc := p1.Config().ConnConfig
+	proxy, err := tcpproxy.New("tcp", net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+	require.NoError(t, err)
+	t.Cleanup(proxy.Close)
+	cfg := pgtest.Config(t)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(proxy.Port())
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.ConnConfig.DefaultQueryExecMode = mode
+	cfg.MaxConns = 1
+	return pgtest.NewPool(t, cfg), proxy
 }
 
-func newCutProxy(t *testing.T, host string, port uint16) *cutProxy {
-	p := &cutProxy{host: "127.0.0.1"}
-	p.port = uint16(forwardProxy(t, host, port, func(client, server net.Conn) { // server -> client, unless cut
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := server.Read(buf)
-			if n > 0 && p.cutNextResponse.CompareAndSwap(true, false) {
-				client.Close()
-				server.Close()
-				return
+func unknownOutcomeIsGivenBack(t *testing.T, form string, mode pgx.QueryExecMode) {
+	p1, _, schema := twoPools(t)
+	ctx := testCtx(t)
+	via, proxy := proxiedPool(t, p1, mode)
+
+	var tryAcquire func() error
+	var held func() bool
+	var tokens func() int64
+	switch form {
+	case "column":
+		usersTable(t, p1, schema, time.Minute, 1)
+		users := pgx.Identifier{schema, "users"}.Sanitize()
+		c, err := lease.NewColumn(via, lease.ColumnConfig{Schema: schema, Table: "users", LockedAtColumn: "identity_action_locked_at",
+			OwnerColumn: "identity_action_locked_by", FenceColumn: "identity_action_fence", TTL: time.Minute})
+		require.NoError(t, err)
+		tryAcquire = func() error {
+			l, err := c.TryAcquire(ctx, int64(1))
+			if err == nil {
+				err = l.Release(ctx)
 			}
-			if n > 0 {
-				if _, werr := client.Write(buf[:n]); werr != nil {
-					server.Close()
-					return
-				}
-			}
-			if err != nil {
-				client.Close()
-				return
-			}
+			return err
 		}
-	}))
-	return p
+		held = func() bool {
+			return queryOne[bool](t, p1, "SELECT identity_action_locked_by IS NOT NULL FROM "+users+" WHERE id = 1")
+		}
+		tokens = func() int64 {
+			return queryOne[int64](t, p1, "SELECT identity_action_fence FROM "+users+" WHERE id = 1")
+		}
+	case "manager":
+		newManager(t, p1, schema, lease.ManagerConfig{TTL: time.Minute})
+		m, err := lease.NewManager(via, lease.ManagerConfig{Schema: schema, TTL: time.Minute})
+		require.NoError(t, err)
+		tryAcquire = func() error {
+			l, err := m.TryAcquire(ctx, "r", nil)
+			if err == nil {
+				err = l.Release(ctx)
+			}
+			return err
+		}
+		held = func() bool {
+			hs, err := m.List(ctx, &lease.ListOptions{IncludeExpired: true})
+			require.NoError(t, err)
+			return len(hs) > 0
+		}
+		resources := pgx.Identifier{schema, lease.DefaultTable + "_resources"}.Sanitize()
+		tokens = func() int64 { return queryOne[int64](t, p1, "SELECT fence FROM "+resources+" WHERE resource = 'r'") }
+	}
+
+	// Warm up: the statements get prepared on the proxied connection,
+	// so that the cut below hits the execution, not the preparation.
+	require.NoError(t, tryAcquire())
+	before := tokens()
+
+	proxy.DropNextAnswer()
+	err := tryAcquire()
+	require.Error(t, err)
+	require.NotErrorIs(t, err, lease.ErrNotAcquired)
+	t.Logf("the client saw: %v", err)
+	assert.True(t, proxy.AnswerDropped(), "the proxy cut a response")
+	assert.Equal(t, before+1, tokens(), "the server did run the acquisition")
+	assert.False(t, held(), "and the give-back removed the lease it took")
+	require.NoError(t, tryAcquire(), "the resource is free again")
 }
 
 // forwardProxy listens on a free loopback port and forwards every TCP
@@ -175,4 +161,45 @@ func forwardProxy(t *testing.T, host string, port uint16, back func(client, serv
 		}
 	})
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Do's release is sent, the server commits it, and the connection fails before the
+// answer arrives: Do retries the release on a fresh connection, finds the lease gone,
+// and, since the first attempt's outcome was unknown, reports the work's success (nil).
+// In the Exec and simple protocol modes pgx called the failed read safe to retry, so the
+// retry's ErrLeaseLost was returned as the release's failure.
+func TestDoReleaseWhoseAnswerIsLostSucceeds(t *testing.T) {
+	for _, form := range []string{"column", "manager"} {
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec,
+			pgx.QueryExecModeSimpleProtocol} {
+			t.Run(form+"/"+mode.String(), func(t *testing.T) {
+				p1, _, schema := twoPools(t)
+				ctx := testCtx(t)
+				via, proxy := proxiedPool(t, p1, mode)
+				switch form {
+				case "column":
+					usersTable(t, p1, schema, time.Minute, 1)
+					c, err := lease.NewColumn(via, lease.ColumnConfig{Schema: schema, Table: "users", LockedAtColumn: "identity_action_locked_at",
+						OwnerColumn: "identity_action_locked_by", FenceColumn: "identity_action_fence", TTL: time.Minute})
+					require.NoError(t, err)
+					err = c.TryDo(ctx, int64(1), nil, func(context.Context, *lease.ColumnLease) error { proxy.DropNextAnswer(); return nil })
+					require.True(t, proxy.AnswerDropped(), "the proxy cut a response")
+					require.NoError(t, err, "the work succeeded and the lease was released")
+					l, err := c.TryAcquire(ctx, int64(1))
+					require.NoError(t, err, "the row is free")
+					require.NoError(t, l.Release(ctx))
+				case "manager":
+					newManager(t, p1, schema, lease.ManagerConfig{TTL: time.Minute})
+					m, err := lease.NewManager(via, lease.ManagerConfig{Schema: schema, TTL: time.Minute})
+					require.NoError(t, err)
+					err = m.TryDo(ctx, "r", nil, func(context.Context, *lease.Lease) error { proxy.DropNextAnswer(); return nil })
+					require.True(t, proxy.AnswerDropped(), "the proxy cut a response")
+					require.NoError(t, err, "the work succeeded and the lease was released")
+					hs, err := m.List(ctx, &lease.ListOptions{IncludeExpired: true})
+					require.NoError(t, err)
+					assert.Empty(t, hs)
+				}
+			})
+		}
+	}
 }

@@ -24,6 +24,7 @@ type Proxy struct {
 	wg              sync.WaitGroup
 
 	clientBytes atomic.Int64 // forwarded from clients to the server
+	dropNext    atomic.Bool  // DropNextAnswer armed: the next server bytes are dropped
 }
 
 // link is one proxied connection.
@@ -83,14 +84,15 @@ func (p *Proxy) accept() {
 		p.links[l] = struct{}{}
 		p.wg.Add(2) // under mu, before Close can Wait
 		p.mu.Unlock()
-		go p.pump(l, l.server, l.client, &p.clientBytes)
-		go p.pump(l, l.client, l.server, nil)
+		go p.pump(l, l.server, l.client, &p.clientBytes, false)
+		go p.pump(l, l.client, l.server, nil, true)
 	}
 }
 
 // pump copies src to dst until either side fails, dropping the bytes while the link is
-// cut; then it closes both sides, which ends the other pump.
-func (p *Proxy) pump(l *link, dst, src net.Conn, count *atomic.Int64) {
+// cut; then it closes both sides, which ends the other pump. fromServer marks the pump of
+// what the server sends, which an armed DropNextAnswer ends.
+func (p *Proxy) pump(l *link, dst, src net.Conn, count *atomic.Int64, fromServer bool) {
 	defer p.wg.Done()
 	defer func() {
 		l.close()
@@ -101,6 +103,9 @@ func (p *Proxy) pump(l *link, dst, src net.Conn, count *atomic.Int64) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if n > 0 && fromServer && p.dropNext.CompareAndSwap(true, false) {
+			return // the deferred close ends both sides; the bytes never reach the client
+		}
 		if n > 0 && !l.cut.Load() {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
@@ -128,6 +133,15 @@ func (p *Proxy) SetTarget(network, target string) {
 	defer p.mu.Unlock()
 	p.network, p.target = network, target
 }
+
+// DropNextAnswer arms the proxy once: the next bytes any server sends through it are
+// dropped and that connection closed, both sides, as a network that fails after a request
+// left the client would. The server has run what it was sent; the client never hears how
+// it went.
+func (p *Proxy) DropNextAnswer() { p.dropNext.Store(true) }
+
+// AnswerDropped reports whether the drop DropNextAnswer armed has happened.
+func (p *Proxy) AnswerDropped() bool { return !p.dropNext.Load() }
 
 // ClientBytes returns how many bytes clients have sent through the proxy.
 func (p *Proxy) ClientBytes() int64 { return p.clientBytes.Load() }
