@@ -115,7 +115,9 @@ import (
 //   - an error matching pooltx.ErrNotCommitted: a statement of b, or
 //     COMMIT, failed (its *pgconn.PgError is in the chain), or pgx refused
 //     b before running any of it (a pgx.ErrPreprocessingBatch: a statement
-//     that does not parse, an argument it cannot encode), or ctx ended
+//     that does not parse, an argument it cannot encode; in the simple
+//     protocol, where the server parses the whole pipeline before running
+//     any of it, the server's syntax error, SQLSTATE 42601), or ctx ended
 //     while the locks were held (ctx's error is in the chain); nothing is
 //     kept;
 //   - an error matching pooltx.ErrCommitUnknown: the pipeline was sent and
@@ -173,6 +175,9 @@ var tryAbortSQL [2]struct{ one1, one2, many1, many2 string }
 
 // codeDivisionByZero is how a refused key of TryWithXactLockBatch fails.
 const codeDivisionByZero = "22012"
+
+// codeSyntaxError is PostgreSQL's syntax_error.
+const codeSyntaxError = "42601"
 
 func init() {
 	for shared := range 2 {
@@ -293,6 +298,7 @@ type batchAttempt struct {
 	locked    bool         // every lock statement answered: the keys were held
 	committed bool         // COMMIT answered COMMIT
 	readErr   *ReaderError // the first reader error
+	stmtErr   error        // the first failure of a statement of b (failed1)
 }
 
 // run sends the pipeline, reads it back and settles the connection: a
@@ -407,6 +413,12 @@ func (x *batchAttempt) failed(err error) error {
 		if x.try && pgErr != nil && pgErr.Code == codeDivisionByZero {
 			return &LockError{Op: x.op, Keys: x.s.all, Err: join(ErrNotAcquired, pgErr, ctx.Err())}
 		}
+		if pgErr != nil && pgErr.Code == codeSyntaxError && c.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
+			// In the simple protocol the pipeline is one text, which the
+			// server parses whole before it runs any of it: a statement of
+			// b does not parse (the library's own do), and nothing ran.
+			return fmt.Errorf("%w: %w", pooltx.ErrNotCommitted, err)
+		}
 		return &LockError{Op: x.op, Keys: x.s.all, Err: classify(ctx, err)}
 	}
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
@@ -418,7 +430,13 @@ func (x *batchAttempt) failed(err error) error {
 // queueCallers appends copies of b's statements to p, each reader wrapped
 // so that its error is kept as a *ReaderError and does not stop pgx from
 // reading the rest (COMMIT's answer included). A statement's own failure
-// still stops the batch: pgx records it apart from the readers' errors.
+// (the server's error, which its reader reads whether or not it returns
+// it) stops the batch: its error is the batch's, and the readers after it
+// are not called. pgx alone does not stop there in the Exec and simple
+// protocol modes: for a statement without a reader its Close goes on to the
+// next statement, whose reader reads the failure again (the server skipped
+// that statement), and a reader that returns nil on a failed statement
+// would have the rest read too.
 //
 // The copies are checkBatch's: each as the check read it, its
 // QueryRewriter already applied, so that pgx sends exactly what was
@@ -426,16 +444,89 @@ func (x *batchAttempt) failed(err error) error {
 func (x *batchAttempt) queueCallers(p *pgx.Batch) {
 	qs := x.checked
 	for i := range qs {
-		if fn := qs[i].Fn; fn != nil {
-			qs[i].Fn = func(br pgx.BatchResults) error {
-				if err := fn(br); err != nil && x.readErr == nil {
-					x.readErr = &ReaderError{Index: i, Err: err}
-				}
-				return nil
+		fn := qs[i].Fn
+		qs[i].Fn = func(br pgx.BatchResults) error {
+			if x.stmtErr != nil {
+				return x.stmtErr // skipped by the server after the failure
 			}
+			if fn == nil {
+				_, err := br.Exec()
+				x.failed1(err)
+				return err
+			}
+			err := fn(stmtResults{br, x})
+			if x.stmtErr != nil {
+				return x.stmtErr
+			}
+			if err != nil && x.readErr == nil {
+				x.readErr = &ReaderError{Index: i, Err: err}
+			}
+			return nil
 		}
 		p.QueuedQueries = append(p.QueuedQueries, &qs[i])
 	}
+}
+
+// failed1 records err as the failure of a statement of b when it is the
+// server's error (or the connection's: nothing more can be read), and the
+// first.
+func (x *batchAttempt) failed1(err error) {
+	if err == nil || x.stmtErr != nil {
+		return
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) || x.c.Conn().IsClosed() {
+		x.stmtErr = err
+	}
+}
+
+// stmtResults is what a reader of b reads its statement's result from: the
+// batch's results, with the statement's own failure recorded (failed1)
+// whatever the reader does with it. A reader's own errors (a Scan into a
+// wrong type) are not the statement's.
+type stmtResults struct {
+	pgx.BatchResults
+	x *batchAttempt
+}
+
+func (r stmtResults) Exec() (pgconn.CommandTag, error) {
+	tag, err := r.BatchResults.Exec()
+	r.x.failed1(err)
+	return tag, err
+}
+
+func (r stmtResults) Query() (pgx.Rows, error) {
+	rows, err := r.BatchResults.Query()
+	r.x.failed1(err)
+	return stmtRows{rows, r.x}, err
+}
+
+func (r stmtResults) QueryRow() pgx.Row {
+	return stmtRow{r.BatchResults.QueryRow(), r.x}
+}
+
+// stmtRows records the failure its Err reports (see stmtResults).
+type stmtRows struct {
+	pgx.Rows
+	x *batchAttempt
+}
+
+func (r stmtRows) Err() error {
+	err := r.Rows.Err()
+	r.x.failed1(err)
+	return err
+}
+
+// stmtRow records the failure its Scan reports (see stmtResults).
+type stmtRow struct {
+	row pgx.Row
+	x   *batchAttempt
+}
+
+func (r stmtRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	r.x.failed1(err)
+	return err
 }
 
 // cancelView is ctx without its deadline, ended as cancelled whichever way

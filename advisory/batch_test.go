@@ -3,6 +3,7 @@ package advisory_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -139,35 +140,48 @@ func TestXactLockBatchIsOneRoundTrip(t *testing.T) {
 
 // A failed statement rolls back everything, the writes before it included;
 // the error matches pooltx.ErrNotCommitted with the PgError in the chain,
-// and the connection goes back to the pool outside any transaction.
+// the readers after it are not called, and the connection goes back to the
+// pool outside any transaction. In every exec mode: in the Exec and simple
+// protocol modes pgx went on past a failed statement that had no reader,
+// and the next reader was called on the statement the server had skipped.
+// A reader that returns nil on its statement's failure stops the batch too.
 func TestXactLockBatchFailedStatementRollsBackEverything(t *testing.T) {
-	ctx := testCtx(t)
-	pool := onePool(t, nil)
-	table := batchTable(t, pool)
-	l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
-	k := key(t)
-	pid := connPID(ctx, t, pool)
+	for _, mode := range execModes {
+		for _, swallow := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/reader-returns-nil=%v", mode, swallow), func(t *testing.T) {
+				ctx := testCtx(t)
+				pool := modePool(t, mode)
+				table := batchTable(t, pool)
+				l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second})
+				k := key(t)
+				pid := connPID(ctx, t, pool)
 
-	b := writes(table, 1)
-	b.Queue("SET search_path TO pg_catalog")
-	b.Queue("SELECT 1 / 0")
-	readerRan := false
-	b.Queue("SELECT 1").QueryRow(func(pgx.Row) error { readerRan = true; return nil })
-	err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b)
-	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
-	var pgErr *pgconn.PgError
-	require.ErrorAs(t, err, &pgErr)
-	assert.Equal(t, "22012", pgErr.Code)
-	var lockErr *advisory.LockError
-	assert.False(t, errors.As(err, &lockErr), "the lock was held: not a lock error")
-	assert.False(t, readerRan, "statements after the failure are skipped")
+				b := writes(table, 1)
+				b.Queue("SET search_path TO pg_catalog")
+				failing := b.Queue("SELECT 1 / 0")
+				if swallow {
+					failing.QueryRow(func(r pgx.Row) error { var n int; _ = r.Scan(&n); return nil })
+				}
+				readerRan := false
+				b.Queue("SELECT 1").QueryRow(func(pgx.Row) error { readerRan = true; return nil })
+				err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b)
+				require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr)
+				assert.Equal(t, "22012", pgErr.Code)
+				var lockErr *advisory.LockError
+				assert.False(t, errors.As(err, &lockErr), "the lock was held: not a lock error")
+				assert.False(t, readerRan, "statements after the failure are skipped")
 
-	assert.Zero(t, rowCount(ctx, t, pool, table), "nothing kept")
-	assert.True(t, newProbe(t).free(ctx, k, false))
-	assert.Equal(t, pid, connPID(ctx, t, pool), "the connection was rolled back and kept")
-	var path string
-	require.NoError(t, pool.QueryRow(ctx, "SHOW search_path").Scan(&path))
-	assert.NotEqual(t, "pg_catalog", path)
+				assert.Zero(t, rowCount(ctx, t, pool, table), "nothing kept")
+				assert.True(t, newProbe(t).free(ctx, k, false))
+				assert.Equal(t, pid, connPID(ctx, t, pool), "the connection was rolled back and kept")
+				var path string
+				require.NoError(t, pool.QueryRow(ctx, "SHOW search_path").Scan(&path))
+				assert.NotEqual(t, "pg_catalog", path)
+			})
+		}
+	}
 }
 
 // A lock timeout is a *LockError matching ErrLockTimeout with the 55P03
@@ -433,32 +447,44 @@ func TestXactLockBatchContextEndsDuringWrites(t *testing.T) {
 
 // A batch pgx refuses before running it (a statement that does not parse,
 // an argument it cannot encode) runs and keeps nothing; the lock is not
-// left behind, and the connection stays usable.
+// left behind, and the connection stays usable. In every exec mode: in the
+// simple protocol the server parses the whole pipeline first, and its
+// syntax error (42601), which came before the lock's answer, was returned
+// as a *LockError matching no sentinel. An argument pgx cannot encode in the
+// Exec and simple protocol modes reads as ErrCommitUnknown, as the doc says.
 func TestXactLockBatchRefusedByPgx(t *testing.T) {
-	ctx := testCtx(t)
-	pool := onePool(t, nil)
-	table := batchTable(t, pool)
-	l := newLocker(t, pool, advisory.Config{})
-	k := key(t)
-	p := newProbe(t)
+	for _, mode := range execModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			pool := modePool(t, mode)
+			table := batchTable(t, pool)
+			l := newLocker(t, pool, advisory.Config{})
+			k := key(t)
+			p := newProbe(t)
 
-	bad := writes(table, 1)
-	bad.Queue("SELECT 1 +")
-	err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, bad)
-	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
-	var pgErr *pgconn.PgError
-	require.ErrorAs(t, err, &pgErr)
-	assert.Equal(t, "42601", pgErr.Code)
+			bad := writes(table, 1)
+			bad.Queue("SELECT 1 +")
+			err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, bad)
+			require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr)
+			assert.Equal(t, "42601", pgErr.Code)
 
-	bad = writes(table, 1)
-	bad.Queue("SELECT $1::int", make(chan int))
-	err = l.WithXactLockBatch(ctx, []keys.Key{k}, nil, bad)
-	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+			bad = writes(table, 1)
+			bad.Queue("SELECT $1::int", make(chan int))
+			err = l.WithXactLockBatch(ctx, []keys.Key{k}, nil, bad)
+			if mode == pgx.QueryExecModeExec || mode == pgx.QueryExecModeSimpleProtocol {
+				require.ErrorIs(t, err, pooltx.ErrCommitUnknown)
+			} else {
+				require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+			}
 
-	assert.Zero(t, rowCount(ctx, t, pool, table))
-	assert.True(t, p.free(ctx, k, false))
-	require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, writes(table, 1)))
-	assert.Equal(t, 3, rowCount(ctx, t, pool, table))
+			assert.Zero(t, rowCount(ctx, t, pool, table))
+			assert.True(t, p.free(ctx, k, false))
+			require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, writes(table, 1)))
+			assert.Equal(t, 3, rowCount(ctx, t, pool, table))
+		})
+	}
 }
 
 // A context that ends once the server has run the pipeline (here, in a
