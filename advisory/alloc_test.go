@@ -35,6 +35,9 @@ func TestAllocationsNearRawPgx(t *testing.T) {
 	cfg := pgtest.Config(t)
 	// No health-check pings between calls: they would be counted.
 	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	// pgx's default exec mode, whatever the DSN says: the counts are the
+	// default's (the simple protocol costs raw pgx and the helpers alike).
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
 	pool := pgtest.NewPool(t, cfg)
 	l := newLocker(t, pool, advisory.Config{})
 

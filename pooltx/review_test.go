@@ -19,6 +19,7 @@ import (
 func onePool(t *testing.T) *pgxpool.Pool {
 	cfg := pgtest.Config(t)
 	cfg.MaxConns = 1
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement // whatever the DSN says
 	return pgtest.NewPool(t, cfg)
 }
 
