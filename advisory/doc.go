@@ -338,6 +338,14 @@
 // example host=a,b port=5432,5432 target_session_attrs=read-write), so that
 // new connections go to whichever accepts writes.
 //
+// A standby grants advisory locks too, but only against its own sessions.
+// So every call that locks refuses a connection to a hot standby with
+// [ErrStandby] (PostgreSQL 14 and later report in_hot_standby to the
+// client; a connection that says so is asked again first, in case its
+// server was promoted since): a pooled one is destroyed, and nothing is
+// locked. [Config.AllowStandby] lifts the refusal for a fleet that locks on
+// one standby only. Earlier servers do not report it, and are not checked.
+//
 // When the old primary stops, a [Lock] handle's Done closes, a
 // [Locker.Hold] callback's context is cancelled with cause [ErrLockLost],
 // and [Locker.WithLock] returns an error matching [ErrLockLost] (the

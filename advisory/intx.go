@@ -64,7 +64,8 @@ var ErrTxAborted = errors.New("advisory: the transaction is aborted or its conne
 // ErrInvalid (no SQL was sent: a nil tx or zero key, or tx not in a
 // transaction: committed, rolled back, or ended by its own SQL) or
 // ErrTxAborted (tx was aborted or its connection closed, before or during
-// the call); the *pgconn.PgError and ctx's error stay in its chain.
+// the call) or ErrStandby (tx's server is a hot standby: no SQL was sent,
+// tx is usable); the *pgconn.PgError and ctx's error stay in its chain.
 // Acquisitions are traced (AcquireTracer) as for WithXactLock, with
 // ScopeXact; the release is not, as the transaction's end belongs to the
 // caller.
@@ -197,6 +198,9 @@ func (l *Locker) lockInTx(ctx context.Context, c *inTxCall, tx pgx.Tx, ks []keys
 	}
 	if conn.IsClosed() {
 		return fail(join(ErrTxAborted, errors.New("the connection of tx is closed")))
+	}
+	if !l.cfg.AllowStandby && onStandby(conn.PgConn()) {
+		return fail(ErrStandby) // the caller's connection: not ours to destroy
 	}
 	pg := conn.PgConn()
 	switch pg.TxStatus() {

@@ -83,6 +83,13 @@ type Config struct {
 	// only for a proxy in session pooling mode.
 	AllowProxy bool
 
+	// AllowStandby lets calls lock on a hot standby. By default a call
+	// whose connection reached one (the server says so: in_hot_standby,
+	// PostgreSQL 14 and later) fails with ErrStandby, because a standby's
+	// advisory locks exclude only the standby's own sessions. Set it only
+	// when every party locks on that one standby.
+	AllowStandby bool
+
 	// MaxConns caps the pooled connections the Locker pins at once:
 	// holder connections (each shared by any number of held locks, see
 	// the package doc), connections of WithLock calls and of dedicated
@@ -452,7 +459,8 @@ func (l *Locker) pinInto(wctx context.Context, r *request, tk *ticket) (c *poolt
 }
 
 // conn takes a pooled connection under the MaxConns cap, bounded by wctx.
-// Its errors match ErrNoConnection.
+// Its errors match ErrNoConnection, or ErrStandby for a connection to a hot
+// standby (refuseStandby).
 func (l *Locker) conn(wctx context.Context) (*pooltx.Conn, error) {
 	if err := l.conns.acquire(wctx); err != nil {
 		return nil, noConnection(err)
@@ -461,6 +469,10 @@ func (l *Locker) conn(wctx context.Context) (*pooltx.Conn, error) {
 	if err != nil {
 		l.conns.release()
 		return nil, noConnection(err)
+	}
+	if err := l.refuseStandby(wctx, c); err != nil {
+		l.unpin(c)
+		return nil, err
 	}
 	return c, nil
 }
