@@ -50,7 +50,10 @@ func noDeadline(t testing.TB, ctx context.Context) context.Context {
 func show(ctx context.Context, t testing.TB, tx pgx.Tx, name string) string {
 	t.Helper()
 	var v string
-	require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('"+name+"')").Scan(&v))
+	// SHOW, not current_setting(): under force_parallel_mode a SELECT runs in a
+	// parallel worker, which reports transaction_read_only off in a read-only
+	// transaction (PostgreSQL 15).
+	require.NoError(t, tx.QueryRow(ctx, "SHOW "+pgx.Identifier{name}.Sanitize()).Scan(&v))
 	return v
 }
 
