@@ -35,11 +35,16 @@ type LockInfo struct {
 }
 
 // sqlListLocks lists advisory locks of the current database. Rows are
-// ordered by key, holders before waiters, waiters by wait start.
+// ordered by key, holders before waiters, waiters by wait start. Times
+// travel as microseconds since the Unix epoch (exact: extract returns
+// numeric): a timestamp read as text, as pgx reads results in the Exec and
+// simple protocol modes, is parsed in the ISO DateStyle only, and the
+// session's may be another.
 const sqlListLocks = `
 SELECT l.classid, l.objid, l.objsubid, l.mode OPERATOR(pg_catalog.=) 'ShareLock', l.granted, coalesce(l.pid, 0),
        coalesce(a.application_name, ''), coalesce(a.state, ''), coalesce(a.query, ''),
-       a.backend_start, a.xact_start, a.state_change, l.waitstart,
+       (pg_catalog.extract('epoch', a.backend_start) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8, (pg_catalog.extract('epoch', a.xact_start) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8,
+       (pg_catalog.extract('epoch', a.state_change) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8, (pg_catalog.extract('epoch', l.waitstart) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8,
        CASE WHEN l.granted OR l.pid IS NULL THEN '{}'::pg_catalog.int4[] ELSE pg_catalog.pg_blocking_pids(l.pid) END
 FROM pg_catalog.pg_locks l
 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
@@ -78,7 +83,7 @@ func ListLocks(ctx context.Context, db Querier, filter ...keys.Key) ([]LockInfo,
 			li                          LockInfo
 			classid, objid              uint32
 			objsubid                    int16
-			backend, xact, change, wait *time.Time
+			backend, xact, change, wait *int64
 		)
 		if err := rows.Scan(&classid, &objid, &objsubid, &li.Shared, &li.Granted, &li.PID,
 			&li.ApplicationName, &li.State, &li.Query, &backend, &xact, &change, &wait, &li.BlockedBy); err != nil {
@@ -103,9 +108,10 @@ func ListLocks(ctx context.Context, db Querier, filter ...keys.Key) ([]LockInfo,
 	return out, nil
 }
 
-func deref(t *time.Time) time.Time {
-	if t == nil {
+// deref is the time of us microseconds since the Unix epoch; zero for nil.
+func deref(us *int64) time.Time {
+	if us == nil {
 		return time.Time{}
 	}
-	return *t
+	return time.UnixMicro(*us)
 }

@@ -54,7 +54,18 @@ const (
 	// rest of the path. (A statement prepared under the session's path is
 	// analysed again under this one, once: PostgreSQL's plan cache re-checks
 	// the search_path at every execution.)
-	frameSQL = "SELECT pg_catalog.set_config('TimeZone', 'UTC', true), " + durableSQL + ", " + catalogFirstSQL
+	//
+	// The output styles pgx reads for the transaction only: in the Exec and
+	// simple protocol modes results come as text, which pgx parses in
+	// PostgreSQL's default styles only; under DateStyle = 'SQL, DMY' (or
+	// German, Postgres) every acquisition failed to read its own timestamps,
+	// under IntervalStyle = sql_standard an interval would, and
+	// extra_float_digits below 1 rounds the float8 wait hints. ISO keeps the
+	// session's day/month order, which only input of other forms reads.
+	frameSQL = "SELECT pg_catalog.set_config('TimeZone', 'UTC', true), " + durableSQL + ", " + catalogFirstSQL + ", " + outputStylesSQL
+	// outputStylesSQL sets the text output styles pgx parses (see frameSQL).
+	outputStylesSQL = "pg_catalog.set_config('DateStyle', 'ISO', true), pg_catalog.set_config('IntervalStyle', 'postgres', true), " +
+		"pg_catalog.set_config('extra_float_digits', '1', true)"
 	// catalogFirstSQL puts pg_catalog first on the transaction's search_path.
 	// (An empty search_path, as set_config('search_path', '', ...) leaves
 	// it, becomes pg_catalog alone: "pg_catalog, " is not a valid list.)

@@ -118,9 +118,11 @@ func (m *Manager) List(ctx context.Context, opts *ListOptions) ([]Holder, error)
 		var h Holder
 		var mode string
 		var meta []byte
-		if err := rows.Scan(&h.Resource, &h.Owner, &mode, &h.Token, &h.AcquiredAt, &h.ExpiresAt, &meta, &h.Expired); err != nil {
+		var acquired, expires int64
+		if err := rows.Scan(&h.Resource, &h.Owner, &mode, &h.Token, &acquired, &expires, &meta, &h.Expired); err != nil {
 			return nil, opError(op, opts.Resource, err)
 		}
+		h.AcquiredAt, h.ExpiresAt = time.UnixMicro(acquired), time.UnixMicro(expires)
 		if h.Mode, err = parseMode(mode); err != nil {
 			return nil, opError(op, h.Resource, err)
 		}
@@ -177,7 +179,9 @@ func (m *Manager) ListIntents(ctx context.Context, opts *ListOptions) ([]Intent,
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Intent, error) {
 		var in Intent
-		err := row.Scan(&in.Resource, &in.Until, &in.Expired)
+		var until int64
+		err := row.Scan(&in.Resource, &until, &in.Expired)
+		in.Until = time.UnixMicro(until)
 		return in, err
 	})
 	if err != nil {

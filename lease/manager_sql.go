@@ -246,8 +246,12 @@ WITH swept AS (
 )
 SELECT count(*) FROM swept, LATERAL pg_notify($1, md5(swept.resource))`
 
+	// List and ListIntents run outside the frame (see exec), and a
+	// timestamp read as text (pgx's Exec and simple protocol modes) is
+	// parsed in the ISO DateStyle only: their times travel as microseconds
+	// since the Unix epoch, exact (extract returns numeric).
 	listSQL = `
-SELECT resource, owner, mode, token, acquired_at, expires_at, metadata, expires_at <= pg_catalog.now()
+SELECT resource, owner, mode, token, (pg_catalog.extract('epoch', acquired_at) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8, (pg_catalog.extract('epoch', expires_at) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8, metadata, expires_at <= pg_catalog.now()
 FROM {holders}
 WHERE ($1::pg_catalog.text IS NULL OR resource = $1::pg_catalog.text)
   AND ($2::pg_catalog.text IS NULL OR owner = $2::pg_catalog.text)
@@ -257,7 +261,7 @@ ORDER BY resource, token`
 	// Writer intents: one per resource at most. $1 resource filter, $2
 	// include intents past their lifetime (they block nobody).
 	intentsSQL = `
-SELECT resource, writer_intent_until, writer_intent_until <= pg_catalog.now()
+SELECT resource, (pg_catalog.extract('epoch', writer_intent_until) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8, writer_intent_until <= pg_catalog.now()
 FROM {resources}
 WHERE writer_intent IS NOT NULL
   AND ($1::pg_catalog.text IS NULL OR resource = $1::pg_catalog.text)
@@ -299,3 +303,4 @@ upgraded AS (
 )
 SELECT (SELECT expires_at FROM upgraded), EXISTS (SELECT 1 FROM mine)`
 )
+

@@ -77,8 +77,8 @@ func cmdLeases(ctx context.Context, args []string, s stdio, e env) int {
 		fmt.Fprintf(s.Err, "pgxlock leases: %v\n", err)
 		return exitUnavailable
 	}
-	var now time.Time
-	if err := pool.QueryRow(ctx, "SELECT pg_catalog.clock_timestamp()").Scan(&now); err != nil {
+	now, err := serverClock(ctx, pool)
+	if err != nil {
 		fmt.Fprintf(s.Err, "pgxlock leases: read the server clock: %v\n", err)
 		return exitUnavailable
 	}

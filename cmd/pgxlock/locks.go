@@ -167,9 +167,11 @@ func takeSnapshot(ctx context.Context, conn *pgx.Conn, filter []keys.Key) (snaps
 	if err != nil {
 		return snap, err
 	}
-	if err := conn.QueryRow(ctx, "SELECT pg_catalog.clock_timestamp(), pg_catalog.current_database()").Scan(&snap.At, &snap.Database); err != nil {
+	var us int64
+	if err := conn.QueryRow(ctx, "SELECT "+clockMicrosSQL+", pg_catalog.current_database()").Scan(&us, &snap.Database); err != nil {
 		return snap, fmt.Errorf("read the server clock: %w", err)
 	}
+	snap.At = time.UnixMicro(us)
 	snap.Locks = locks
 	return snap, nil
 }
@@ -434,4 +436,21 @@ func timePtr(t time.Time) *time.Time {
 func seconds(d time.Duration) *float64 {
 	v := float64(d.Milliseconds()) / 1000
 	return &v
+}
+
+// clockMicrosSQL is the server's clock as microseconds since the Unix epoch:
+// a timestamp read as text (the Exec and simple protocol modes of a DSN's
+// default_query_exec_mode) is parsed by pgx in the ISO DateStyle only, and
+// the session's may be another.
+const clockMicrosSQL = "(pg_catalog.extract('epoch', pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8"
+
+// serverClock reads the server's clock (see clockMicrosSQL).
+func serverClock(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (time.Time, error) {
+	var us int64
+	if err := q.QueryRow(ctx, "SELECT "+clockMicrosSQL).Scan(&us); err != nil {
+		return time.Time{}, err
+	}
+	return time.UnixMicro(us), nil
 }
