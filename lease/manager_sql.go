@@ -303,4 +303,3 @@ upgraded AS (
 )
 SELECT (SELECT expires_at FROM upgraded), EXISTS (SELECT 1 FROM mine)`
 )
-
