@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgxlock/pgxlock/internal/sentcheck"
 	"github.com/pgxlock/pgxlock/keys"
@@ -430,13 +431,14 @@ func (x *batchAttempt) failed(err error) error {
 // queueCallers appends copies of b's statements to p, each reader wrapped
 // so that its error is kept as a *ReaderError and does not stop pgx from
 // reading the rest (COMMIT's answer included). A statement's own failure
-// (the server's error, which its reader reads whether or not it returns
-// it) stops the batch: its error is the batch's, and the readers after it
-// are not called. pgx alone does not stop there in the Exec and simple
-// protocol modes: for a statement without a reader its Close goes on to the
-// next statement, whose reader reads the failure again (the server skipped
-// that statement), and a reader that returns nil on a failed statement
-// would have the rest read too.
+// (the server's error) stops the batch, whatever its reader does: its error
+// is the batch's, and the readers after it are not called. pgx alone does
+// not stop there in the Exec and simple protocol modes (for a statement
+// without a reader its Close goes on to the next statement, whose reader
+// reads the failure again), nor for a reader that does not read its result
+// to the end. So each reader reads through stmtResults, and when it returns
+// its result is read to the end (or read at all, if it did not) and the
+// statement's outcome recorded (failed1).
 //
 // The copies are checkBatch's: each as the check read it, its
 // QueryRewriter already applied, so that pgx sends exactly what was
@@ -454,7 +456,9 @@ func (x *batchAttempt) queueCallers(p *pgx.Batch) {
 				x.failed1(err)
 				return err
 			}
-			err := fn(stmtResults{br, x})
+			r := &stmtResults{BatchResults: br, x: x}
+			err := fn(r)
+			r.finish()
 			if x.stmtErr != nil {
 				return x.stmtErr
 			}
@@ -481,52 +485,125 @@ func (x *batchAttempt) failed1(err error) {
 }
 
 // stmtResults is what a reader of b reads its statement's result from: the
-// batch's results, with the statement's own failure recorded (failed1)
-// whatever the reader does with it. A reader's own errors (a Scan into a
-// wrong type) are not the statement's.
+// batch's results, through rows whose Scan errors stay the reader's
+// (stmtRows). A reader that reads more than its own result reads its
+// successors' (as with pgx alone); the wrapper follows the last.
 type stmtResults struct {
 	pgx.BatchResults
-	x *batchAttempt
+	x    *batchAttempt
+	read bool      // the reader called Exec, Query or QueryRow
+	rows *stmtRows // the rows Query or QueryRow gave it
 }
 
-func (r stmtResults) Exec() (pgconn.CommandTag, error) {
+func (r *stmtResults) Exec() (pgconn.CommandTag, error) {
+	r.read = true
 	tag, err := r.BatchResults.Exec()
 	r.x.failed1(err)
 	return tag, err
 }
 
-func (r stmtResults) Query() (pgx.Rows, error) {
+func (r *stmtResults) Query() (pgx.Rows, error) {
+	r.read = true
 	rows, err := r.BatchResults.Query()
 	r.x.failed1(err)
-	return stmtRows{rows, r.x}, err
+	r.rows = &stmtRows{Rows: rows}
+	return r.rows, err
 }
 
-func (r stmtResults) QueryRow() pgx.Row {
-	return stmtRow{r.BatchResults.QueryRow(), r.x}
+func (r *stmtResults) QueryRow() pgx.Row {
+	rows, _ := r.Query()
+	return stmtRow{rows.(*stmtRows)}
 }
 
-// stmtRows records the failure its Err reports (see stmtResults).
+// finish reads the statement's result to the end once its reader returned
+// (or reads it, if the reader did not) and records its failure.
+func (r *stmtResults) finish() {
+	switch {
+	case !r.read:
+		_, err := r.BatchResults.Exec()
+		r.x.failed1(err)
+	case r.rows != nil:
+		r.rows.Rows.Close()
+		r.x.failed1(r.rows.Rows.Err())
+	}
+}
+
+// stmtRows are pgx's rows with Scan done apart: pgx's own Scan records a
+// scan error (a column into a wrong type) as the rows' error, which its
+// pipelined batch then reports for every statement after it, COMMIT
+// included, so a reader's mistake on a statement that ran read as a COMMIT
+// without an answer. Here a scan error is the reader's alone: Err returns
+// it, Next stops, and the server's answers are read on as usual.
 type stmtRows struct {
 	pgx.Rows
-	x *batchAttempt
+	err error // the reader's scan error
 }
 
-func (r stmtRows) Err() error {
-	err := r.Rows.Err()
-	r.x.failed1(err)
+func (r *stmtRows) Next() bool { return r.err == nil && r.Rows.Next() }
+
+func (r *stmtRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.err
+}
+
+func (r *stmtRows) Scan(dest ...any) error {
+	if err := r.Err(); err != nil {
+		return err
+	}
+	if r.Rows.Conn() == nil {
+		return errors.New("advisory: no row to scan")
+	}
+	var err error
+	if len(dest) == 1 {
+		if rs, ok := dest[0].(pgx.RowScanner); ok {
+			err = rs.ScanRow(r)
+		} else {
+			err = r.scan(dest)
+		}
+	} else {
+		err = r.scan(dest)
+	}
+	if err != nil {
+		r.err = err
+	}
 	return err
 }
 
-// stmtRow records the failure its Scan reports (see stmtResults).
-type stmtRow struct {
-	row pgx.Row
-	x   *batchAttempt
+func (r *stmtRows) scan(dest []any) error {
+	return pgx.ScanRow(r.Rows.Conn().TypeMap(), r.Rows.FieldDescriptions(), r.Rows.RawValues(), dest...)
 }
+
+// stmtRow is QueryRow's row over stmtRows, read as pgx reads its own: the
+// first row, then the rows closed and their error returned.
+type stmtRow struct{ rows *stmtRows }
 
 func (r stmtRow) Scan(dest ...any) error {
-	err := r.row.Scan(dest...)
-	r.x.failed1(err)
-	return err
+	rows := r.rows
+	for _, d := range dest {
+		if _, ok := d.(*pgtype.DriverBytes); ok {
+			rows.Close()
+			return errors.New("cannot scan into *pgtype.DriverBytes from QueryRow")
+		}
+	}
+	if err := rows.Err(); err != nil {
+		rows.Close()
+		return err
+	}
+	if !rows.Next() {
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := rows.Scan(dest...); err != nil {
+		rows.Close()
+		return err
+	}
+	rows.Close()
+	return rows.Err()
 }
 
 // cancelView is ctx without its deadline, ended as cancelled whichever way

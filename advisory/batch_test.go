@@ -855,3 +855,62 @@ func TestXactLockBatchRunsTheSQLItChecked(t *testing.T) {
 		})
 	}
 }
+
+// A statement's failure stops the batch whatever its reader does with it (reads it only
+// in part, never reads it, returns another error), and a reader's own mistake on a
+// statement that ran (a Scan into a wrong type) is a *ReaderError of a committed batch,
+// on a connection kept: in every exec mode. Before, the next reader was called after
+// such failures (every mode), and a wrong-type Scan in the pipelined modes (pgx's default
+// among them) made pgx report its error for COMMIT, read as ErrCommitUnknown, and the
+// healthy connection was destroyed (the sixth review).
+func TestXactLockBatchReaderCannotHideOrCauseAFailure(t *testing.T) {
+	failing := "SELECT 1 / (g - 3) FROM generate_series(1, 5) g" // two rows, then 22012
+	readers := map[string]func(*pgx.QueuedQuery){
+		"raw Fn, rows closed unread": func(q *pgx.QueuedQuery) {
+			q.Fn = func(br pgx.BatchResults) error { rows, _ := br.Query(); rows.Close(); return nil }
+		},
+		"raw Fn, nothing read": func(q *pgx.QueuedQuery) { q.Fn = func(pgx.BatchResults) error { return nil } },
+		"QueryRow, no Scan":    func(q *pgx.QueuedQuery) { q.QueryRow(func(pgx.Row) error { return nil }) },
+		"Query, own error": func(q *pgx.QueuedQuery) {
+			q.Query(func(rows pgx.Rows) error { return errors.New("the reader's own") })
+		},
+		"Query, first row only": func(q *pgx.QueuedQuery) {
+			q.Query(func(rows pgx.Rows) error { rows.Next(); return nil })
+		},
+	}
+	for _, mode := range execModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			pool := modePool(t, mode)
+			table := batchTable(t, pool)
+			l := newLocker(t, pool, advisory.Config{})
+			pid := connPID(ctx, t, pool)
+			for name, attach := range readers {
+				b := writes(table, 1)
+				attach(b.Queue(failing))
+				after := false
+				b.Queue("SELECT 1").QueryRow(func(pgx.Row) error { after = true; return nil })
+				err := l.WithXactLockBatch(ctx, []keys.Key{key(t)}, nil, b)
+				require.ErrorIs(t, err, pooltx.ErrNotCommitted, name)
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr, name)
+				assert.Equal(t, "22012", pgErr.Code, name)
+				assert.False(t, after, "%s: the reader after the failed statement was called", name)
+				assert.Zero(t, rowCount(ctx, t, pool, table), name)
+			}
+
+			b := writes(table, 1)
+			b.Queue("SELECT 'abc'::text").QueryRow(func(r pgx.Row) error { var n int; return r.Scan(&n) })
+			after := false
+			b.Queue("SELECT 1").QueryRow(func(r pgx.Row) error { var n int; after = true; return r.Scan(&n) })
+			err := l.WithXactLockBatch(ctx, []keys.Key{key(t)}, nil, b)
+			var readerErr *advisory.ReaderError
+			require.ErrorAs(t, err, &readerErr)
+			assert.Equal(t, 3, readerErr.Index)
+			assert.NotErrorIs(t, err, pooltx.ErrCommitUnknown)
+			assert.True(t, after, "the reader after a reader's error is called")
+			assert.Equal(t, 3, rowCount(ctx, t, pool, table), "committed")
+			assert.Equal(t, pid, connPID(ctx, t, pool), "the connection was kept")
+		})
+	}
+}
