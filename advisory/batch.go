@@ -118,7 +118,8 @@ import (
 //     b before running any of it (a pgx.ErrPreprocessingBatch: a statement
 //     that does not parse, an argument it cannot encode; in the simple
 //     protocol, where the server parses the whole pipeline before running
-//     any of it, the server's syntax error, SQLSTATE 42601), or ctx ended
+//     any of it, the parser's error: a syntax error, SQLSTATE 42601, or
+//     another such as 42P20), or ctx ended
 //     while the locks were held (ctx's error is in the chain); nothing is
 //     kept;
 //   - an error matching pooltx.ErrCommitUnknown: the pipeline was sent and
@@ -176,9 +177,6 @@ var tryAbortSQL [2]struct{ one1, one2, many1, many2 string }
 
 // codeDivisionByZero is how a refused key of TryWithXactLockBatch fails.
 const codeDivisionByZero = "22012"
-
-// codeSyntaxError is PostgreSQL's syntax_error.
-const codeSyntaxError = "42601"
 
 func init() {
 	for shared := range 2 {
@@ -296,6 +294,7 @@ type batchAttempt struct {
 	checked   []pgx.QueuedQuery // the caller's statements, as checkBatch read them
 
 	// Set by the result handlers, in pipeline order.
+	begun     bool         // BEGIN answered
 	locked    bool         // every lock statement answered: the keys were held
 	committed bool         // COMMIT answered COMMIT
 	readErr   *ReaderError // the first reader error
@@ -332,7 +331,7 @@ func (x *batchAttempt) run(b *pgx.Batch) error {
 	}
 
 	p := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, b.Len()+8)}
-	p.Queue("begin")
+	p.Queue("begin").Exec(func(pgconn.CommandTag) error { x.begun = true; return nil })
 	if timeout != "" {
 		p.Queue(sqlSetTimeout, timeout)
 	}
@@ -414,10 +413,12 @@ func (x *batchAttempt) failed(err error) error {
 		if x.try && pgErr != nil && pgErr.Code == codeDivisionByZero {
 			return &LockError{Op: x.op, Keys: x.s.all, Err: join(ErrNotAcquired, pgErr, ctx.Err())}
 		}
-		if pgErr != nil && pgErr.Code == codeSyntaxError && c.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
+		if pgErr != nil && !x.begun && !c.Conn().IsClosed() && c.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
 			// In the simple protocol the pipeline is one text, which the
-			// server parses whole before it runs any of it: a statement of
-			// b does not parse (the library's own do), and nothing ran.
+			// server parses whole before it runs any of it: it refused the
+			// text before even BEGIN answered (a syntax error, 42601, or
+			// another the parser raises, such as 42P20), so a statement of b
+			// (the library's own parse) was refused, and nothing ran.
 			return fmt.Errorf("%w: %w", pooltx.ErrNotCommitted, err)
 		}
 		return &LockError{Op: x.op, Keys: x.s.all, Err: classify(ctx, err)}

@@ -450,7 +450,8 @@ func TestXactLockBatchContextEndsDuringWrites(t *testing.T) {
 // left behind, and the connection stays usable. In every exec mode: in the
 // simple protocol the server parses the whole pipeline first, and its
 // syntax error (42601), which came before the lock's answer, was returned
-// as a *LockError matching no sentinel. An argument pgx cannot encode in the
+// as a *LockError matching no sentinel (and so was 42P20, which the parser
+// raises too: the sixth review). An argument pgx cannot encode in the
 // Exec and simple protocol modes reads as ErrCommitUnknown, as the doc says.
 func TestXactLockBatchRefusedByPgx(t *testing.T) {
 	for _, mode := range execModes {
@@ -462,17 +463,29 @@ func TestXactLockBatchRefusedByPgx(t *testing.T) {
 			k := key(t)
 			p := newProbe(t)
 
-			bad := writes(table, 1)
-			bad.Queue("SELECT 1 +")
-			err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, bad)
-			require.ErrorIs(t, err, pooltx.ErrNotCommitted)
-			var pgErr *pgconn.PgError
-			require.ErrorAs(t, err, &pgErr)
-			assert.Equal(t, "42601", pgErr.Code)
+			for sql, code := range map[string]string{
+				"SELECT 1 +": "42601",
+				// Raised by the parser as well, with a code of its own.
+				"SELECT count(*) OVER (ROWS BETWEEN UNBOUNDED FOLLOWING AND CURRENT ROW) FROM generate_series(1, 2)": "42P20",
+			} {
+				for _, try := range []bool{false, true} {
+					bad := writes(table, 1)
+					bad.Queue(sql)
+					call := l.WithXactLockBatch
+					if try {
+						call = l.TryWithXactLockBatch
+					}
+					err := call(ctx, []keys.Key{k}, nil, bad)
+					require.ErrorIs(t, err, pooltx.ErrNotCommitted, "%s (try %v)", sql, try)
+					var pgErr *pgconn.PgError
+					require.ErrorAs(t, err, &pgErr)
+					assert.Equal(t, code, pgErr.Code)
+				}
+			}
 
-			bad = writes(table, 1)
+			bad := writes(table, 1)
 			bad.Queue("SELECT $1::int", make(chan int))
-			err = l.WithXactLockBatch(ctx, []keys.Key{k}, nil, bad)
+			err := l.WithXactLockBatch(ctx, []keys.Key{k}, nil, bad)
 			if mode == pgx.QueryExecModeExec || mode == pgx.QueryExecModeSimpleProtocol {
 				require.ErrorIs(t, err, pooltx.ErrCommitUnknown)
 			} else {

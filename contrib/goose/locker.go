@@ -110,6 +110,9 @@ const (
 // rather than pool a connection that may hold the lock.
 func (l *SessionLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
 	return l.raw(ctx, conn, "goose session lock", func(c *pgx.Conn) error {
+		if err := refuseStandby(ctx, c); err != nil {
+			return err
+		}
 		wctx, stop := waitContext(ctx)
 		defer stop()
 		timeout, byDeadline := l.lockTimeout(ctx)
@@ -240,4 +243,22 @@ func (l *SessionLocker) lockTimeout(ctx context.Context) (ms string, byDeadline 
 		n = 1
 	}
 	return strconv.FormatInt(n, 10), byDeadline
+}
+
+// refuseStandby returns an error matching advisory.ErrStandby when c's
+// server says it is a hot standby (in_hot_standby, PostgreSQL 14 and later).
+// A promotion is reported to a session only after its next statement, so a
+// connection that says so is pinged first.
+func refuseStandby(ctx context.Context, c *pgx.Conn) error {
+	pg := c.PgConn()
+	if pg.ParameterStatus("in_hot_standby") != "on" {
+		return nil
+	}
+	if err := pg.Ping(ctx); err != nil {
+		return errors.Join(err, ctx.Err())
+	}
+	if pg.ParameterStatus("in_hot_standby") == "on" {
+		return advisory.ErrStandby
+	}
+	return nil
 }
