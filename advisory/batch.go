@@ -446,16 +446,20 @@ func (x *batchAttempt) failed(err error) error {
 // checked (a rewriter is called once).
 func (x *batchAttempt) queueCallers(p *pgx.Batch) {
 	qs := x.checked
+	var execOne func(pgx.BatchResults) error // shared by the statements without a reader
 	for i := range qs {
 		fn := qs[i].Fn
+		if fn == nil {
+			if execOne == nil {
+				execOne = x.execOne
+			}
+			qs[i].Fn = execOne
+			p.QueuedQueries = append(p.QueuedQueries, &qs[i])
+			continue
+		}
 		qs[i].Fn = func(br pgx.BatchResults) error {
 			if x.stmtErr != nil {
 				return x.stmtErr // skipped by the server after the failure
-			}
-			if fn == nil {
-				_, err := br.Exec()
-				x.failed1(err)
-				return err
 			}
 			r := &stmtResults{BatchResults: br, x: x}
 			err := fn(r)
@@ -470,6 +474,17 @@ func (x *batchAttempt) queueCallers(p *pgx.Batch) {
 		}
 		p.QueuedQueries = append(p.QueuedQueries, &qs[i])
 	}
+}
+
+// execOne reads the result of a statement of b that has no reader, and
+// stops the batch at its failure (or at an earlier one).
+func (x *batchAttempt) execOne(br pgx.BatchResults) error {
+	if x.stmtErr != nil {
+		return x.stmtErr // skipped by the server after the failure
+	}
+	_, err := br.Exec()
+	x.failed1(err)
+	return err
 }
 
 // failed1 records err as the failure of a statement of b when it is the
