@@ -544,11 +544,12 @@ func (r *stmtResults) finish() {
 	}
 }
 
-// stmtRows are pgx's rows with Scan done apart: pgx's own Scan records a
+// stmtRows are pgx's rows with Scan and Values done apart: pgx's own record a
 // scan error (a column into a wrong type) as the rows' error, which its
 // pipelined batch then reports for every statement after it, COMMIT
 // included, so a reader's mistake on a statement that ran read as a COMMIT
-// without an answer. Here a scan error is the reader's alone: Err returns
+// without an answer (and in the other modes it hid the statement's own
+// failure). Here a scan or decode error is the reader's alone: Err returns
 // it, Next stops, and the server's answers are read on as usual.
 type stmtRows struct {
 	pgx.Rows
@@ -585,6 +586,46 @@ func (r *stmtRows) Scan(dest ...any) error {
 		r.err = err
 	}
 	return err
+}
+
+// Values is pgx's Values with a decode error kept as the reader's (see
+// Scan): pgx's own records it as the rows' error, as its Scan does.
+func (r *stmtRows) Values() ([]any, error) {
+	if err := r.Err(); err != nil {
+		return nil, err
+	}
+	conn := r.Rows.Conn()
+	if conn == nil {
+		return nil, errors.New("advisory: no row to read")
+	}
+	m, fds, raw := conn.TypeMap(), r.Rows.FieldDescriptions(), r.Rows.RawValues()
+	values := make([]any, 0, len(fds))
+	for i := range fds {
+		buf, fd := raw[i], &fds[i]
+		if buf == nil {
+			values = append(values, nil)
+			continue
+		}
+		if dt, ok := m.TypeForOID(fd.DataTypeOID); ok {
+			v, err := dt.Codec.DecodeValue(m, fd.DataTypeOID, fd.Format, buf)
+			if err != nil {
+				r.err = err
+				return nil, err
+			}
+			values = append(values, v)
+			continue
+		}
+		switch fd.Format {
+		case pgx.TextFormatCode:
+			values = append(values, string(buf))
+		case pgx.BinaryFormatCode:
+			values = append(values, append([]byte(nil), buf...))
+		default:
+			r.err = errors.New("unknown format code")
+			return nil, r.err
+		}
+	}
+	return values, nil
 }
 
 func (r *stmtRows) scan(dest []any) error {

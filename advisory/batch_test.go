@@ -875,7 +875,8 @@ func TestXactLockBatchRunsTheSQLItChecked(t *testing.T) {
 // on a connection kept: in every exec mode. Before, the next reader was called after
 // such failures (every mode), and a wrong-type Scan in the pipelined modes (pgx's default
 // among them) made pgx report its error for COMMIT, read as ErrCommitUnknown, and the
-// healthy connection was destroyed (the sixth review).
+// healthy connection was destroyed (the sixth review); and so through Values (RowToMap)
+// on a value pgx cannot decode (the seventh).
 func TestXactLockBatchReaderCannotHideOrCauseAFailure(t *testing.T) {
 	failing := "SELECT 1 / (g - 3) FROM generate_series(1, 5) g" // two rows, then 22012
 	readers := map[string]func(*pgx.QueuedQuery){
@@ -889,6 +890,23 @@ func TestXactLockBatchReaderCannotHideOrCauseAFailure(t *testing.T) {
 		},
 		"Query, first row only": func(q *pgx.QueuedQuery) {
 			q.Query(func(rows pgx.Rows) error { rows.Next(); return nil })
+		},
+	}
+	// A first row pgx cannot decode (json beyond float64), then 22012.
+	undecodable := "SELECT (CASE WHEN g = 1 THEN '1e400' ELSE (1 / (g - 3))::text END)::json FROM generate_series(1, 5) g"
+	decodeReaders := map[string]func(*pgx.QueuedQuery){
+		"Values": func(q *pgx.QueuedQuery) {
+			q.Query(func(rows pgx.Rows) error {
+				for rows.Next() {
+					if _, err := rows.Values(); err != nil {
+						return err
+					}
+				}
+				return rows.Err()
+			})
+		},
+		"CollectRows RowToMap": func(q *pgx.QueuedQuery) {
+			q.Query(func(rows pgx.Rows) error { _, err := pgx.CollectRows(rows, pgx.RowToMap); return err })
 		},
 	}
 	for _, mode := range execModes {
@@ -910,6 +928,32 @@ func TestXactLockBatchReaderCannotHideOrCauseAFailure(t *testing.T) {
 				assert.Equal(t, "22012", pgErr.Code, name)
 				assert.False(t, after, "%s: the reader after the failed statement was called", name)
 				assert.Zero(t, rowCount(ctx, t, pool, table), name)
+			}
+			for name, attach := range decodeReaders {
+				b := writes(table, 1)
+				attach(b.Queue(undecodable))
+				after := false
+				b.Queue("SELECT 1").QueryRow(func(pgx.Row) error { after = true; return nil })
+				err := l.WithXactLockBatch(ctx, []keys.Key{key(t)}, nil, b)
+				require.ErrorIs(t, err, pooltx.ErrNotCommitted, name)
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr, name)
+				assert.Equal(t, "22012", pgErr.Code, name)
+				assert.False(t, after, "%s: the reader after the failed statement was called", name)
+				assert.Zero(t, rowCount(ctx, t, pool, table), name)
+				assert.Equal(t, pid, connPID(ctx, t, pool), "%s: the connection was kept", name)
+			}
+			for name, attach := range decodeReaders { // on a statement that ran: the reader's error
+				b := writes(table, 100)
+				attach(b.Queue("SELECT '1e400'::json"))
+				err := l.WithXactLockBatch(ctx, []keys.Key{key(t)}, nil, b)
+				var readerErr *advisory.ReaderError
+				require.ErrorAs(t, err, &readerErr, name)
+				assert.NotErrorIs(t, err, pooltx.ErrCommitUnknown, name)
+				assert.Equal(t, 3, rowCount(ctx, t, pool, table), "%s: committed", name)
+				assert.Equal(t, pid, connPID(ctx, t, pool), "%s: the connection was kept", name)
+				_, err = pool.Exec(ctx, "TRUNCATE "+table)
+				require.NoError(t, err)
 			}
 
 			b := writes(table, 1)
