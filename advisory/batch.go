@@ -294,7 +294,7 @@ type batchAttempt struct {
 	checked   []pgx.QueuedQuery // the caller's statements, as checkBatch read them
 
 	// Set by the result handlers, in pipeline order.
-	begun     bool         // BEGIN answered
+	txAfter   byte         // the connection's transaction status once the pipeline was read
 	locked    bool         // every lock statement answered: the keys were held
 	committed bool         // COMMIT answered COMMIT
 	readErr   *ReaderError // the first reader error
@@ -331,7 +331,7 @@ func (x *batchAttempt) run(b *pgx.Batch) error {
 	}
 
 	p := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, b.Len()+8)}
-	p.Queue("begin").Exec(func(pgconn.CommandTag) error { x.begun = true; return nil })
+	p.Queue("begin")
 	if timeout != "" {
 		p.Queue(sqlSetTimeout, timeout)
 	}
@@ -364,6 +364,7 @@ func (x *batchAttempt) run(b *pgx.Batch) error {
 	}()
 	open := !pg.IsClosed()
 	err := sentcheck.Check(c.Conn().SendBatch(w.ctx, p).Close(), open, pg)
+	x.txAfter = pg.TxStatus()
 	panicked = false
 	w.stop()
 	w.settle(c, err) // a cancel request that may be pending makes c unfit for the pool
@@ -413,12 +414,13 @@ func (x *batchAttempt) failed(err error) error {
 		if x.try && pgErr != nil && pgErr.Code == codeDivisionByZero {
 			return &LockError{Op: x.op, Keys: x.s.all, Err: join(ErrNotAcquired, pgErr, ctx.Err())}
 		}
-		if pgErr != nil && !x.begun && !c.Conn().IsClosed() && c.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
+		if pgErr != nil && x.txAfter == 'I' && !c.Conn().IsClosed() && c.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
 			// In the simple protocol the pipeline is one text, which the
 			// server parses whole before it runs any of it: it refused the
-			// text before even BEGIN answered (a syntax error, 42601, or
-			// another the parser raises, such as 42P20), so a statement of b
-			// (the library's own parse) was refused, and nothing ran.
+			// text and no transaction began (a syntax error, 42601, or
+			// another the parser raises, such as 42P20; a failure after
+			// BEGIN leaves the transaction aborted, 'E'), so a statement of
+			// b (the library's own parse) was refused, and nothing ran.
 			return fmt.Errorf("%w: %w", pooltx.ErrNotCommitted, err)
 		}
 		return &LockError{Op: x.op, Keys: x.s.all, Err: classify(ctx, err)}
