@@ -575,12 +575,8 @@ func (r *stmtRows) Scan(dest ...any) error {
 		return errors.New("advisory: no row to scan")
 	}
 	var err error
-	if len(dest) == 1 {
-		if rs, ok := dest[0].(pgx.RowScanner); ok {
-			err = rs.ScanRow(r)
-		} else {
-			err = r.scan(dest)
-		}
+	if rs, ok := rowScanner(dest); ok {
+		err = rs.ScanRow(r)
 	} else {
 		err = r.scan(dest)
 	}
@@ -588,6 +584,16 @@ func (r *stmtRows) Scan(dest ...any) error {
 		r.err = err
 	}
 	return err
+}
+
+// rowScanner returns dest's one destination when it scans a whole row
+// itself, as pgx's Scan lets it.
+func rowScanner(dest []any) (pgx.RowScanner, bool) {
+	if len(dest) != 1 {
+		return nil, false
+	}
+	rs, ok := dest[0].(pgx.RowScanner)
+	return rs, ok
 }
 
 // Values is pgx's Values with a decode error kept as the reader's (see

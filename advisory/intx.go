@@ -199,10 +199,10 @@ func (l *Locker) lockInTx(ctx context.Context, c *inTxCall, tx pgx.Tx, ks []keys
 	if conn.IsClosed() {
 		return fail(join(ErrTxAborted, errors.New("the connection of tx is closed")))
 	}
-	if !l.cfg.AllowStandby && onStandby(conn.PgConn()) {
+	pg := conn.PgConn()
+	if !l.cfg.AllowStandby && onStandby(pg) {
 		return fail(ErrStandby) // the caller's connection: not ours to destroy
 	}
-	pg := conn.PgConn()
 	switch pg.TxStatus() {
 	case 'E':
 		return fail(fmt.Errorf("%w: roll it back", ErrTxAborted))

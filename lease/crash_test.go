@@ -66,8 +66,7 @@ func TestHelperProcess(t *testing.T) {
 }
 
 func crashColumnConfig(schema string) lease.ColumnConfig {
-	return lease.ColumnConfig{Schema: schema, Table: "users", LockedAtColumn: "identity_action_locked_at",
-		OwnerColumn: "identity_action_locked_by", FenceColumn: "identity_action_fence", TTL: crashTTL}
+	return usersConfig(schema, crashTTL)
 }
 
 func TestCrashedHolderIsTakenOver(t *testing.T) {

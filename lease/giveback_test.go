@@ -66,8 +66,7 @@ func unknownOutcomeIsGivenBack(t *testing.T, form string, mode pgx.QueryExecMode
 	case "column":
 		usersTable(t, p1, schema, time.Minute, 1)
 		users := pgx.Identifier{schema, "users"}.Sanitize()
-		c, err := lease.NewColumn(via, lease.ColumnConfig{Schema: schema, Table: "users", LockedAtColumn: "identity_action_locked_at",
-			OwnerColumn: "identity_action_locked_by", FenceColumn: "identity_action_fence", TTL: time.Minute})
+		c, err := lease.NewColumn(via, usersConfig(schema, time.Minute))
 		require.NoError(t, err)
 		tryAcquire = func() error {
 			l, err := c.TryAcquire(ctx, int64(1))
@@ -179,8 +178,7 @@ func TestDoReleaseWhoseAnswerIsLostSucceeds(t *testing.T) {
 				switch form {
 				case "column":
 					usersTable(t, p1, schema, time.Minute, 1)
-					c, err := lease.NewColumn(via, lease.ColumnConfig{Schema: schema, Table: "users", LockedAtColumn: "identity_action_locked_at",
-						OwnerColumn: "identity_action_locked_by", FenceColumn: "identity_action_fence", TTL: time.Minute})
+					c, err := lease.NewColumn(via, usersConfig(schema, time.Minute))
 					require.NoError(t, err)
 					err = c.TryDo(ctx, int64(1), nil, func(context.Context, *lease.ColumnLease) error { proxy.DropNextAnswer(); return nil })
 					require.True(t, proxy.AnswerDropped(), "the proxy cut a response")

@@ -59,13 +59,25 @@ func usersTable(t testing.TB, pool *pgxpool.Pool, schema string, ttl time.Durati
 	for _, id := range ids {
 		mustExec(t, pool, "INSERT INTO "+table+" (id) VALUES ($1)", id)
 	}
-	col, err := lease.NewColumn(pool, lease.ColumnConfig{
-		Schema: schema, Table: "users", LockedAtColumn: "identity_action_locked_at",
-		OwnerColumn: "identity_action_locked_by", FenceColumn: "identity_action_fence", TTL: ttl,
-	})
+	col, err := lease.NewColumn(pool, usersConfig(schema, ttl))
 	require.NoError(t, err)
 	require.NoError(t, col.Migrate(testCtx(t)))
 	return col
+}
+
+// usersConfig is the Column lease configuration of usersTable's table.
+func usersConfig(schema string, ttl time.Duration) lease.ColumnConfig {
+	return lease.ColumnConfig{Schema: schema, Table: "users", LockedAtColumn: "identity_action_locked_at",
+		OwnerColumn: "identity_action_locked_by", FenceColumn: "identity_action_fence", TTL: ttl}
+}
+
+// columnCycle acquires row id of c, renews and releases it.
+func columnCycle(ctx context.Context, t testing.TB, c *lease.Column, id int64) {
+	t.Helper()
+	l, err := c.TryAcquire(ctx, id)
+	require.NoError(t, err)
+	require.NoError(t, l.Renew(ctx))
+	require.NoError(t, l.Release(ctx))
 }
 
 // newManager creates a migrated lock-manager table in schema.

@@ -34,11 +34,7 @@ func TestDefaultReadOnlySessionsStillLease(t *testing.T) {
 	require.NoError(t, l.Release(ctx))
 	require.NoError(t, m.TryDo(ctx, "r", nil, func(context.Context, *lease.Lease) error { return nil }))
 
-	c, err := lease.NewColumn(pool, lease.ColumnConfig{Schema: schema, Table: "users", LockedAtColumn: "identity_action_locked_at",
-		OwnerColumn: "identity_action_locked_by", FenceColumn: "identity_action_fence", TTL: time.Minute})
+	c, err := lease.NewColumn(pool, usersConfig(schema, time.Minute))
 	require.NoError(t, err)
-	cl, err := c.TryAcquire(ctx, int64(1))
-	require.NoError(t, err)
-	require.NoError(t, cl.Renew(ctx))
-	require.NoError(t, cl.Release(ctx))
+	columnCycle(ctx, t, c, 1)
 }
