@@ -213,7 +213,12 @@ func (s *keySet) queueTryAbort(b *pgx.Batch, shared bool) {
 }
 
 func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options, try bool, b *pgx.Batch) error {
-	var r request
+	// The call's state on the heap: what it asks for, and its wait's bound.
+	call := &struct {
+		r  request
+		bw boundWait
+	}{}
+	r := &call.r
 	r.set(l, xactOp(try), opts, try)
 	shared, op := r.shared, r.op
 	if b == nil {
@@ -225,9 +230,9 @@ func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options
 	}
 	s := &r.s
 	sp := l.startSpan(ctx, ScopeXact, s.all, shared, try)
-	wctx, stopBound := l.waitBound(ctx, opts, try)
-	defer stopBound()
-	c, t, err := l.pin(wctx, &r)
+	wctx := l.waitBound(ctx, &call.bw, opts, try)
+	defer call.bw.stop()
+	c, t, err := l.pin(wctx, r)
 	if err != nil {
 		err = &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 		sp.acquired(err)

@@ -191,6 +191,15 @@ func BenchmarkSessionLock(b *testing.B) {
 		k := key(b)
 		e.run(b, func(ctx context.Context) error { return e.l.WithLock(ctx, k, nil, noopSession) })
 	})
+	// Config.LockTimeout: the Locker's bound (a lock_timeout in the lock
+	// statement, the wait's bound on the shared timer), under ctx without a
+	// deadline.
+	b.Run("impl=advisory-locktimeout", func(b *testing.B) {
+		e := newBenchEnv(b)
+		e.l = newLocker(b, e.pool, advisory.Config{LockTimeout: time.Minute})
+		k := key(b)
+		e.run(b, func(ctx context.Context) error { return e.l.WithLock(ctx, k, nil, noopSession) })
+	})
 }
 
 // rawTryLock pins a connection, tries the key, unlocks it checking the
@@ -305,6 +314,12 @@ func BenchmarkXactLock(b *testing.B) {
 	})
 	b.Run("impl=advisory", func(b *testing.B) {
 		e := newBenchEnv(b)
+		k := key(b)
+		e.run(b, func(ctx context.Context) error { return e.l.WithXactLock(ctx, k, nil, noopXact) })
+	})
+	b.Run("impl=advisory-locktimeout", func(b *testing.B) { // as BenchmarkSessionLock's
+		e := newBenchEnv(b)
+		e.l = newLocker(b, e.pool, advisory.Config{LockTimeout: time.Minute})
 		k := key(b)
 		e.run(b, func(ctx context.Context) error { return e.l.WithXactLock(ctx, k, nil, noopXact) })
 	})

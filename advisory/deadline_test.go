@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -64,14 +65,16 @@ func TestCycleSetsNoSocketDeadline(t *testing.T) {
 	}
 }
 
-// TestTryConnWaitIsNotATimerContext: a Try call bounds its wait for a
-// connection (Locker.tryConnWait) without a context.WithTimeout, whose
-// runtime timer, armed and stopped per call, woke Go's network poller once
-// per call (0.46-0.50 eventfd writes per TryWithLock cycle, 0.008 without;
-// issue 19). The bound itself is TestNoConnectionIsNotALockTimeout's. The
-// context the pool is asked under is seen by its PrepareConn hook; a
-// timer context's type is the only way to tell one from outside.
-func TestTryConnWaitIsNotATimerContext(t *testing.T) {
+// TestBoundedWaitIsNotATimerContext: a call whose wait is bounded (a Try
+// call's wait for a connection, Locker.tryConnWait; a blocking call's
+// Options.Timeout or Config.LockTimeout) bounds it without a
+// context.WithTimeout, whose runtime timer, armed and stopped per call,
+// woke Go's network poller once per call (0.46-0.50 eventfd writes per
+// TryWithLock cycle, 0.008 without; issue 19). The bounds themselves are
+// TestNoConnectionIsNotALockTimeout's and the timeout tests'. The context
+// the pool is asked under is seen by its PrepareConn hook; a timer
+// context's type is the only way to tell one from outside.
+func TestBoundedWaitIsNotATimerContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var seen []string
@@ -82,12 +85,51 @@ func TestTryConnWaitIsNotATimerContext(t *testing.T) {
 		return true, nil
 	}
 	pool := pgtest.NewPool(t, cfg)
-	l := newLocker(t, pool, advisory.Config{})
+	l := newLocker(t, pool, advisory.Config{HeartbeatInterval: -1})
+	bounded := newLocker(t, pool, advisory.Config{LockTimeout: time.Minute, HeartbeatInterval: -1})
 	k := key(t)
-	require.NoError(t, l.TryWithLock(ctx, k, nil, noopSession)) // and the proxy check, once
-	seen = nil
-	require.NoError(t, l.TryWithLock(ctx, k, nil, noopSession))
-	require.Len(t, seen, 1)
-	assert.NotContains(t, seen[0], "context.timerCtx")
-	assert.Contains(t, seen[0], "deadline=true", "the wait is still bounded")
+	ks := []keys.Key{key(t), key(t)}
+	timeout := &advisory.Options{Timeout: time.Minute}
+	batch := func() *pgx.Batch {
+		b := &pgx.Batch{}
+		b.Queue("SELECT 1")
+		return b
+	}
+	for _, c := range []struct {
+		name string
+		op   func() error
+	}{
+		{"TryWithLock", func() error { return l.TryWithLock(ctx, k, nil, noopSession) }},
+		{"WithLock, Options.Timeout", func() error { return l.WithLock(ctx, k, timeout, noopSession) }},
+		{"WithLock, Config.LockTimeout", func() error { return bounded.WithLock(ctx, k, nil, noopSession) }},
+		{"WithLockAll, Options.Timeout", func() error { return l.WithLockAll(ctx, ks, timeout, noopSession) }},
+		{"Lock+Unlock, Options.Timeout", func() error {
+			h, err := l.Lock(ctx, k, timeout)
+			if err != nil {
+				return err
+			}
+			return h.Unlock(ctx)
+		}},
+		{"TryLock+Unlock", func() error {
+			h, err := l.TryLock(ctx, k, nil)
+			if err != nil {
+				return err
+			}
+			return h.Unlock(ctx)
+		}},
+		{"TryWithXactLock", func() error { return l.TryWithXactLock(ctx, k, nil, noopXact) }},
+		{"WithXactLock, Options.Timeout", func() error { return l.WithXactLock(ctx, k, timeout, noopXact) }},
+		{"WithXactLock, Config.LockTimeout", func() error { return bounded.WithXactLock(ctx, k, nil, noopXact) }},
+		{"WithXactLockAll, Options.Timeout", func() error { return l.WithXactLockAll(ctx, ks, timeout, noopXact) }},
+		{"TryWithXactLockBatch", func() error { return l.TryWithXactLockBatch(ctx, ks, nil, batch()) }},
+		{"WithXactLockBatch, Options.Timeout", func() error { return l.WithXactLockBatch(ctx, ks, timeout, batch()) }},
+		{"WithXactLockBatch, Config.LockTimeout", func() error { return bounded.WithXactLockBatch(ctx, ks, nil, batch()) }},
+	} {
+		require.NoError(t, c.op(), c.name) // and the proxy check, once
+		seen = nil
+		require.NoError(t, c.op(), c.name)
+		require.Len(t, seen, 1, c.name)
+		assert.NotContains(t, seen[0], "context.timerCtx", c.name)
+		assert.Contains(t, seen[0], "deadline=true", "%s: the wait is still bounded", c.name)
+	}
 }

@@ -36,8 +36,8 @@ func (l *Locker) acquireHeld(ctx context.Context, h *Lock) error {
 func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock) error {
 	a := h.a
 	try := a.try
-	wctx, cancel := l.waitCtx(ctx, a)
-	defer a.endWait(cancel)
+	wctx := l.waitCtx(ctx, a)
+	defer a.bw.stop()
 	if !try && l.gates.refs(a.s.all[0]) > 0 {
 		return l.waitHeld(ctx, wctx, h) // others of the Locker are in line for the key
 	}

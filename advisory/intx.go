@@ -151,6 +151,7 @@ type inTxCall struct {
 	key1 [1]keys.Key
 	sp   span
 	w    serverWait
+	bw   boundWait // the bound of the wait (waitBound)
 
 	ints   []int64
 	as, bs []int32
@@ -222,9 +223,8 @@ func (l *Locker) lockInTx(ctx context.Context, c *inTxCall, tx pgx.Tx, ks []keys
 	}
 	wctx := ctx
 	if !try {
-		var stop context.CancelFunc
-		wctx, stop = l.waitBound(ctx, opts, false)
-		defer stop()
+		wctx = l.waitBound(ctx, &c.bw, opts, false)
+		defer c.bw.stop()
 	}
 	if wctx.Err() != nil {
 		// Given up before anything was sent: send nothing (see waitFor).

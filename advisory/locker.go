@@ -261,16 +261,16 @@ func (l *Locker) timeout(opts *Options) time.Duration {
 
 // waitBound returns the context that bounds a call's whole wait (local
 // queue, connection cap, pool, server): ctx, shortened by the call's
-// timeout. A Try call waits only for a connection, for at most
-// tryConnWait.
-func (l *Locker) waitBound(ctx context.Context, opts *Options, try bool) (context.Context, context.CancelFunc) {
+// timeout, on w, a zero boundWait in the call's state (w.stop ends it). A
+// Try call waits only for a connection, for at most tryConnWait.
+func (l *Locker) waitBound(ctx context.Context, w *boundWait, opts *Options, try bool) context.Context {
 	if try {
-		return context.WithTimeout(ctx, l.tryConnWait())
+		return w.start(ctx, l.tryConnWait())
 	}
 	if d := l.timeout(opts); d > 0 {
-		return context.WithTimeout(ctx, d)
+		return w.start(ctx, d)
 	}
-	return ctx, func() {}
+	return ctx
 }
 
 // serverWait is the server-side part of one blocking wait: the context

@@ -237,18 +237,20 @@ type acquired struct {
 	sp   span        // what span points to
 	tk   ticket      // the call's place in the local queue
 	w    serverWait  // the first attempt's lock wait
-	tw   tryWait     // a Try call's wait for a connection
+	bw   boundWait   // the bound of the call's wait (waitCtx)
 }
 
-// tryWait bounds a Try call's wait for a connection (Locker.tryConnWait):
-// a context that ends with context.DeadlineExceeded once the bound has
-// passed, or when ctx ends. It is context.WithTimeout without the runtime
-// timer of its own, which woke Go's network poller once per call (an
-// eventfd write and a woken thread: issue 19, BENCHMARKS.md "where the time
-// goes"): the bound rides on the timer internal/cutoff shares between
-// every bound of the process. It lives in the call's state and must not
-// move once started.
-type tryWait struct {
+// boundWait bounds a call's whole wait: a Try call's wait for a connection
+// (Locker.tryConnWait), a blocking call's wait under its timeout
+// (Options.Timeout, Config.LockTimeout). It is a context that ends with
+// context.DeadlineExceeded once the bound has passed, or when ctx ends:
+// context.WithTimeout without the runtime timer of its own, which woke
+// Go's network poller once per call (an eventfd write and a woken thread:
+// issue 19, BENCHMARKS.md "where the time goes"); the bound rides on the
+// timer internal/cutoff shares between every bound of the process. It
+// lives in the call's state and must not move once started; a zero one
+// that was never started may be stopped.
+type boundWait struct {
 	context.Context // a cancellable child of the caller's ctx: Done, Value
 	parent          context.Context
 	cancel          context.CancelCauseFunc
@@ -256,25 +258,30 @@ type tryWait struct {
 	bound           cutoff.Bound
 }
 
-// start begins the bound of d on a zero tryWait and returns it.
-func (w *tryWait) start(ctx context.Context, d time.Duration) context.Context {
+// start begins the bound of d on a zero boundWait and returns it.
+func (w *boundWait) start(ctx context.Context, d time.Duration) context.Context {
 	w.Context, w.cancel = context.WithCancelCause(ctx)
 	w.parent, w.deadline = ctx, time.Now().Add(d)
 	w.bound.StartExpiry(w, d)
 	return w
 }
 
-// stop ends the bound; the context ends too.
-func (w *tryWait) stop() {
+// stop ends the bound; the context ends too (context.Canceled, as a
+// context.WithTimeout's cancel leaves it). A boundWait never started is
+// left alone.
+func (w *boundWait) stop() {
+	if w.cancel == nil {
+		return
+	}
 	w.bound.End()
 	w.cancel(context.Canceled)
 }
 
 // Expire ends the context once the bound has passed (cutoff.Expirer).
-func (w *tryWait) Expire() { w.cancel(context.DeadlineExceeded) }
+func (w *boundWait) Expire() { w.cancel(context.DeadlineExceeded) }
 
 // Deadline is the bound's, or ctx's when earlier.
-func (w *tryWait) Deadline() (time.Time, bool) {
+func (w *boundWait) Deadline() (time.Time, bool) {
 	if d, ok := w.parent.Deadline(); ok && d.Before(w.deadline) {
 		return d, true
 	}
@@ -282,15 +289,18 @@ func (w *tryWait) Deadline() (time.Time, bool) {
 }
 
 // Err is ctx's error once ctx has ended, else context.DeadlineExceeded
-// once the bound has passed (or the call's wait is over), else nil.
-func (w *tryWait) Err() error {
+// once the bound has passed, else context.Canceled once stopped, else nil.
+func (w *boundWait) Err() error {
 	if w.Context.Err() == nil {
 		return nil // Done is open
 	}
 	if err := w.parent.Err(); err != nil {
 		return err
 	}
-	return context.DeadlineExceeded
+	if context.Cause(w.Context) == context.DeadlineExceeded {
+		return context.DeadlineExceeded
+	}
+	return context.Canceled
 }
 
 // oneKey returns the state of a one-key call and key as a slice inside it.
@@ -312,32 +322,24 @@ func (l *Locker) acquireSession(ctx context.Context, a *acquired) error {
 }
 
 // waitCtx returns the context that bounds a's wait (its connection, its
-// turn, and for a blocking call the lock): a Try call's on the shared
-// timer, tryConnWait (no runtime timer of its own); a blocking call's
-// a.timeout, or ctx when it has none. a.endWait(cancel) ends it.
-func (l *Locker) waitCtx(ctx context.Context, a *acquired) (wctx context.Context, cancel context.CancelFunc) {
+// turn, and for a blocking call the lock): a Try call's tryConnWait, a
+// blocking call's a.timeout, both on the shared timer (no runtime timer of
+// their own: boundWait); ctx when a blocking call has no timeout.
+// a.bw.stop ends it.
+func (l *Locker) waitCtx(ctx context.Context, a *acquired) context.Context {
 	switch {
 	case a.try:
-		return a.tw.start(ctx, l.tryConnWait()), nil
+		return a.bw.start(ctx, l.tryConnWait())
 	case a.timeout > 0:
-		return context.WithTimeout(ctx, a.timeout)
+		return a.bw.start(ctx, a.timeout)
 	default:
-		return ctx, nil
-	}
-}
-
-// endWait ends the bound waitCtx returned.
-func (a *acquired) endWait(cancel context.CancelFunc) {
-	if a.try {
-		a.tw.stop()
-	} else if cancel != nil {
-		cancel()
+		return ctx
 	}
 }
 
 func (l *Locker) acquireSessionTraced(ctx context.Context, a *acquired) error {
-	wctx, cancel := l.waitCtx(ctx, a)
-	defer a.endWait(cancel)
+	wctx := l.waitCtx(ctx, a)
+	defer a.bw.stop()
 	return l.acquireSessionWithin(ctx, wctx, a)
 }
 

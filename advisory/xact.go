@@ -96,6 +96,7 @@ type xactCall struct {
 	sp   span
 	tk   ticket
 	w    serverWait // the first attempt's lock wait
+	bw   boundWait  // the bound of the call's wait (waitBound)
 	opts pooltx.TxOptions
 }
 
@@ -115,8 +116,8 @@ func (l *Locker) withXact(ctx context.Context, call *xactCall, ks []keys.Key, op
 	}
 	sp := &call.sp
 	l.initSpan(sp, ctx, ScopeXact, s.all, shared, try)
-	wctx, stopBound := l.waitBound(ctx, opts, try)
-	defer stopBound()
+	wctx := l.waitBound(ctx, &call.bw, opts, try)
+	defer call.bw.stop()
 	c, t, err := l.pinInto(wctx, r, &call.tk)
 	if err != nil {
 		err = &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
