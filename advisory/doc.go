@@ -25,6 +25,17 @@
 // (per-tenant serialisation of writes): nothing to unlock, nothing to leak.
 // Prefer them whenever the critical section is one transaction.
 //
+// Round trips. The counts this package's documentation gives are those of
+// pgx's exec modes that do not describe each statement: the default
+// (QueryExecModeCacheStatement) and QueryExecModeCacheDescribe once pgx has
+// the statements prepared or described, QueryExecModeExec and
+// QueryExecModeSimpleProtocol. QueryExecModeDescribeExec describes every
+// statement first, so each extended-protocol statement or pipeline the
+// library sends (a lock, an unlock, BEGIN with the lock, a batch, the
+// savepoint of an in-transaction call) costs one round trip more there, as
+// the same statements sent by hand do: a WithLock cycle takes 4, a
+// WithXactLock 3, a WithXactLockBatch 2.
+//
 // When the statements are known up front, [Locker.WithXactLockBatch] sends
 // BEGIN, the lock, a caller's pgx.Batch, COMMIT and the session's reset as
 // one pipeline, in one round trip; a busy key ([Locker.TryWithXactLockBatch]),

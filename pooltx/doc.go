@@ -199,7 +199,8 @@
 // [TxOptions.Preamble] queues statements into the same [pgx.Batch] as BEGIN
 // (pgx's [pgx.Batch.BeginTx]), so "BEGIN; SET LOCAL lock_timeout ...; SELECT
 // pg_advisory_xact_lock(...)" costs a single network round trip once the
-// statements are prepared. Result handlers attached to the queued queries
+// statements are prepared (pgx's QueryExecModeDescribeExec describes them
+// first every time: two round trips). Result handlers attached to the queued queries
 // (QueuedQuery.QueryRow, QueuedQuery.Exec) run before the callback; an error
 // from one rolls the transaction back and is returned as is.
 //
