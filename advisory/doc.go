@@ -33,8 +33,8 @@
 // statement first, so each extended-protocol statement or pipeline the
 // library sends (a lock, an unlock, BEGIN with the lock, a batch, the
 // savepoint of an in-transaction call) costs one round trip more there, as
-// the same statements sent by hand do: a WithLock cycle takes 4, a
-// WithXactLock 3, a WithXactLockBatch 2.
+// the same statements sent by hand do: with an empty callback a WithLock
+// cycle takes 4, a WithXactLock 3, a WithXactLockBatch 2.
 //
 // When the statements are known up front, [Locker.WithXactLockBatch] sends
 // BEGIN, the lock, a caller's pgx.Batch, COMMIT and the session's reset as
