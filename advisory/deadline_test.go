@@ -3,6 +3,7 @@ package advisory_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,5 +132,72 @@ func TestBoundedWaitIsNotATimerContext(t *testing.T) {
 		require.Len(t, seen, 1, c.name)
 		assert.NotContains(t, seen[0], "context.timerCtx", c.name)
 		assert.Contains(t, seen[0], "deadline=true", "%s: the wait is still bounded", c.name)
+	}
+}
+
+// TestBoundReachedIsADeadlineInDerivedContexts: a context derived from a
+// bounded call's wait (by a pool hook here; by the library's own ping of a
+// connection it found dead, or a tracer) ends with
+// context.DeadlineExceeded at the bound, as one derived from a
+// context.WithTimeout does, and the call's error matches ErrNoConnection
+// and context.DeadlineExceeded, never context.Canceled: the caller's ctx
+// was not cancelled. (The library's bound once handed derived contexts
+// context.Canceled.)
+func TestBoundReachedIsADeadlineInDerivedContexts(t *testing.T) {
+	ctx := testCtx(t)
+	var block atomic.Bool
+	seen := make(chan error, 1)
+	cfg := pgtest.Config(t)
+	cfg.PrepareConn = func(ctx context.Context, _ *pgx.Conn) (bool, error) {
+		if !block.Load() {
+			return true, nil
+		}
+		d, cancel := context.WithCancel(ctx) // what a hook or tracer derives
+		defer cancel()
+		<-d.Done()
+		seen <- d.Err()
+		return false, d.Err()
+	}
+	pool := pgtest.NewPool(t, cfg)
+	const bound = 50 * time.Millisecond
+	l := newLocker(t, pool, advisory.Config{HeartbeatInterval: -1})
+	bounded := newLocker(t, pool, advisory.Config{LockTimeout: bound, HeartbeatInterval: -1})
+	timeout := &advisory.Options{Timeout: bound}
+	k := key(t)
+	batch := func() *pgx.Batch {
+		b := &pgx.Batch{}
+		b.Queue("SELECT 1")
+		return b
+	}
+	for _, c := range []struct {
+		name string
+		op   func() error
+	}{
+		{"TryWithLock", func() error { return bounded.TryWithLock(ctx, k, nil, noopSession) }},
+		{"WithLock, Options.Timeout", func() error { return l.WithLock(ctx, k, timeout, noopSession) }},
+		{"Lock, Config.LockTimeout", func() error {
+			h, err := bounded.Lock(ctx, k, nil)
+			if err == nil {
+				_ = h.Unlock(ctx)
+			}
+			return err
+		}},
+		{"WithXactLock, Options.Timeout", func() error { return l.WithXactLock(ctx, k, timeout, noopXact) }},
+		{"TryWithXactLock", func() error { return bounded.TryWithXactLock(ctx, k, nil, noopXact) }},
+		{"WithXactLockBatch, Config.LockTimeout", func() error { return bounded.WithXactLockBatch(ctx, []keys.Key{k}, nil, batch()) }},
+	} {
+		require.NoError(t, c.op(), c.name) // the proxy check, once
+		block.Store(true)
+		err := c.op()
+		block.Store(false)
+		select {
+		case derr := <-seen:
+			assert.Equal(t, context.DeadlineExceeded, derr, "%s: the derived context's Err", c.name)
+		default:
+			t.Errorf("%s: the pool's hook did not run", c.name)
+		}
+		assert.ErrorIs(t, err, advisory.ErrNoConnection, c.name)
+		assert.ErrorIs(t, err, context.DeadlineExceeded, c.name)
+		assert.NotErrorIs(t, err, context.Canceled, "%s: ctx was not cancelled", c.name)
 	}
 }

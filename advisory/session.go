@@ -250,17 +250,28 @@ type acquired struct {
 // timer internal/cutoff shares between every bound of the process. It
 // lives in the call's state and must not move once started; a zero one
 // that was never started may be stopped.
+//
+// A context derived from it (by the library, a pool hook, a tracer) ends
+// with context.DeadlineExceeded at the bound too, as one derived from a
+// context.WithTimeout does: its Done is not the channel of cause, the
+// cancelCtx that carries the cause (context.Cause) and the values, so the
+// context package does not hang children on cause, which would hand them
+// cause's context.Canceled; it goes through AfterFunc, which gives them
+// this context's Err.
 type boundWait struct {
-	context.Context // a cancellable child of the caller's ctx: Done, Value
-	parent          context.Context
-	cancel          context.CancelCauseFunc
-	deadline        time.Time
-	bound           cutoff.Bound
+	cause    context.Context // context.WithCancelCause(ctx): Value and context.Cause
+	cancel   context.CancelCauseFunc
+	done     context.Context // context.WithCancel(cause): Done
+	stopDone context.CancelFunc
+	parent   context.Context
+	deadline time.Time
+	bound    cutoff.Bound
 }
 
 // start begins the bound of d on a zero boundWait and returns it.
 func (w *boundWait) start(ctx context.Context, d time.Duration) context.Context {
-	w.Context, w.cancel = context.WithCancelCause(ctx)
+	w.cause, w.cancel = context.WithCancelCause(ctx)
+	w.done, w.stopDone = context.WithCancel(w.cause)
 	w.parent, w.deadline = ctx, time.Now().Add(d)
 	w.bound.StartExpiry(w, d)
 	return w
@@ -275,6 +286,7 @@ func (w *boundWait) stop() {
 	}
 	w.bound.End()
 	w.cancel(context.Canceled)
+	w.stopDone()
 }
 
 // Expire ends the context once the bound has passed (cutoff.Expirer).
@@ -288,20 +300,31 @@ func (w *boundWait) Deadline() (time.Time, bool) {
 	return w.deadline, true
 }
 
+// Done is closed once the bound has passed, ctx has ended or stop ran.
+func (w *boundWait) Done() <-chan struct{} { return w.done.Done() }
+
 // Err is ctx's error once ctx has ended, else context.DeadlineExceeded
 // once the bound has passed, else context.Canceled once stopped, else nil.
 func (w *boundWait) Err() error {
-	if w.Context.Err() == nil {
+	if w.done.Err() == nil {
 		return nil // Done is open
 	}
 	if err := w.parent.Err(); err != nil {
 		return err
 	}
-	if context.Cause(w.Context) == context.DeadlineExceeded {
+	if context.Cause(w.cause) == context.DeadlineExceeded {
 		return context.DeadlineExceeded
 	}
 	return context.Canceled
 }
+
+// Value is ctx's, and, for the context package, the cause's.
+func (w *boundWait) Value(key any) any { return w.cause.Value(key) }
+
+// AfterFunc arranges for f to run, in its own goroutine, once the context
+// has ended (see context.AfterFunc); the context package uses it for the
+// contexts derived from this one.
+func (w *boundWait) AfterFunc(f func()) (stop func() bool) { return context.AfterFunc(w.done, f) }
 
 // oneKey returns the state of a one-key call and key as a slice inside it.
 func oneKey(key keys.Key) (*acquired, []keys.Key) {
