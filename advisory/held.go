@@ -85,7 +85,7 @@ func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock) error {
 			hc.abandon()
 			return &LockError{Op: a.op, Keys: a.s.all, Err: classify(ctx, err)}
 		}
-		if err := l.checkProxy(ctx, c, a.op, a.s.all); err != nil {
+		if err := l.checkProxy(ctx, wctx, c, a.op, a.s.all); err != nil {
 			hc.abandon()
 			l.unpin(c)
 			return err

@@ -283,6 +283,7 @@ func (l *Locker) lockInTx(ctx context.Context, c *inTxCall, tx pgx.Tx, ks []keys
 		err = cerr
 	}
 	w.stop()
+	err = w.cut(err)
 	if err == nil {
 		if !granted {
 			return end(join(ErrNotAcquired, ctx.Err())) // a single try took nothing

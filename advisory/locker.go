@@ -206,8 +206,8 @@ type Locker struct {
 	conns   connCap // Config.MaxConns; nil: no cap
 	holders holders // shared holder connections (see holderConn)
 
-	proxyMu    sync.Mutex   // serialises the one proxy check
-	proxyState atomic.Int32 // 0 unchecked, 1 direct, 2 proxied: read without proxyMu
+	proxyTurn  fifo         // serialises the one proxy check, each waiter within its bound
+	proxyState atomic.Int32 // 0 unchecked, 1 direct, 2 proxied: read without proxyTurn
 }
 
 // New returns a Locker over pool. It returns ErrInvalid for a nil pool or a
@@ -238,7 +238,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Locker, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Locker{pool: pool, cfg: cfg, log: log}
+	l := &Locker{pool: pool, cfg: cfg, log: log, proxyTurn: make(fifo, 1)}
 	if cfg.MaxConns > 0 {
 		l.conns = make(connCap, cfg.MaxConns)
 	}
@@ -347,6 +347,20 @@ func (w *serverWait) settle(c *pooltx.Conn, err error) bool {
 	}
 	c.MarkDirty(errors.New("advisory: a cancel request may be pending on the connection"))
 	return true
+}
+
+// cut returns err, the lock statement's, joined with
+// context.DeadlineExceeded when the backstop cut the statement short
+// because the call's bound had passed (a server or network that went
+// silent): without it, a bound that was the call's own timeout
+// (Options.Timeout, Config.LockTimeout) rather than ctx's deadline left
+// only the socket's i/o timeout, which classify does not read as the
+// bound, and the call's error matched no sentinel.
+func (w *serverWait) cut(err error) error {
+	if err != nil && w.hard.Load() && w.wctx != nil && errors.Is(w.wctx.Err(), context.DeadlineExceeded) {
+		return join(err, context.DeadlineExceeded)
+	}
+	return err
 }
 
 // waitFor prepares the server-side part of a blocking wait bounded by wctx,

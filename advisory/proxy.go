@@ -33,17 +33,25 @@ func DetectProxy(ctx context.Context, conn *pgx.Conn) (bool, error) {
 
 // checkProxy runs DetectProxy on the first session-scope call of the
 // Locker (and again after a check that failed), unless AllowProxy is set.
-func (l *Locker) checkProxy(ctx context.Context, c *pooltx.Conn, op string, ks []keys.Key) error {
+// The check, and the wait for another call's check to end, are bounded by
+// wctx, the call's whole wait: a check the bound ends (a server or network
+// that does not answer) is ErrNoConnection, and the next call checks again.
+func (l *Locker) checkProxy(ctx, wctx context.Context, c *pooltx.Conn, op string, ks []keys.Key) error {
 	if l.cfg.AllowProxy {
 		return nil
 	}
 	state := l.proxyState.Load() // fast path: every call after the first
 	if state == proxyUnchecked {
-		l.proxyMu.Lock()
+		if err := l.proxyTurn.lock(wctx); err != nil {
+			return &LockError{Op: op, Keys: ks, Err: classify(ctx, noConnection(err))}
+		}
 		if state = l.proxyState.Load(); state == proxyUnchecked {
-			proxied, err := DetectProxy(ctx, c.Conn())
+			proxied, err := DetectProxy(wctx, c.Conn())
 			if err != nil {
-				l.proxyMu.Unlock()
+				l.proxyTurn.unlock()
+				if wctx.Err() != nil && ctx.Err() == nil {
+					err = noConnection(err) // the call's bound ended it
+				}
 				return &LockError{Op: op, Keys: ks, Err: classify(ctx, err)}
 			}
 			state = proxyDirect
@@ -53,7 +61,7 @@ func (l *Locker) checkProxy(ctx context.Context, c *pooltx.Conn, op string, ks [
 			}
 			l.proxyState.Store(state)
 		}
-		l.proxyMu.Unlock()
+		l.proxyTurn.unlock()
 	}
 	if state == proxyFound {
 		return &LockError{Op: op, Keys: ks, Err: ErrProxy}

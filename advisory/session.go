@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -253,25 +254,24 @@ type acquired struct {
 //
 // A context derived from it (by the library, a pool hook, a tracer) ends
 // with context.DeadlineExceeded at the bound too, as one derived from a
-// context.WithTimeout does: its Done is not the channel of cause, the
-// cancelCtx that carries the cause (context.Cause) and the values, so the
-// context package does not hang children on cause, which would hand them
-// cause's context.Canceled; it goes through AfterFunc, which gives them
-// this context's Err.
+// context.WithTimeout does: the context package hangs a child directly on
+// the cancelCtx it finds by Value, and hands it that cancelCtx's error,
+// which for done, cancelled at the bound, would be context.Canceled. So
+// Value does not show done's cancelCtx: a child goes through AfterFunc,
+// and takes this context's Err; context.Cause reports Err, or ctx's own
+// cause once ctx has ended.
 type boundWait struct {
-	cause    context.Context // context.WithCancelCause(ctx): Value and context.Cause
-	cancel   context.CancelCauseFunc
-	done     context.Context // context.WithCancel(cause): Done
-	stopDone context.CancelFunc
+	done     context.Context // context.WithCancel(ctx): Done, ctx's values
+	cancel   context.CancelFunc
 	parent   context.Context
 	deadline time.Time
+	expired  atomic.Bool // the bound passed (Expire)
 	bound    cutoff.Bound
 }
 
 // start begins the bound of d on a zero boundWait and returns it.
 func (w *boundWait) start(ctx context.Context, d time.Duration) context.Context {
-	w.cause, w.cancel = context.WithCancelCause(ctx)
-	w.done, w.stopDone = context.WithCancel(w.cause)
+	w.done, w.cancel = context.WithCancel(ctx)
 	w.parent, w.deadline = ctx, time.Now().Add(d)
 	w.bound.StartExpiry(w, d)
 	return w
@@ -285,12 +285,14 @@ func (w *boundWait) stop() {
 		return
 	}
 	w.bound.End()
-	w.cancel(context.Canceled)
-	w.stopDone()
+	w.cancel()
 }
 
 // Expire ends the context once the bound has passed (cutoff.Expirer).
-func (w *boundWait) Expire() { w.cancel(context.DeadlineExceeded) }
+func (w *boundWait) Expire() {
+	w.expired.Store(true)
+	w.cancel()
+}
 
 // Deadline is the bound's, or ctx's when earlier.
 func (w *boundWait) Deadline() (time.Time, bool) {
@@ -312,14 +314,25 @@ func (w *boundWait) Err() error {
 	if err := w.parent.Err(); err != nil {
 		return err
 	}
-	if context.Cause(w.cause) == context.DeadlineExceeded {
+	if w.expired.Load() {
 		return context.DeadlineExceeded
 	}
 	return context.Canceled
 }
 
-// Value is ctx's, and, for the context package, the cause's.
-func (w *boundWait) Value(key any) any { return w.cause.Value(key) }
+// Value is ctx's, but for the context package's own key, which would find
+// done's cancelCtx: nil, so that context.Cause reports Err, until ctx has
+// ended, whose cancelCtx then carries ctx's cause.
+func (w *boundWait) Value(key any) any {
+	v := w.done.Value(key)
+	if v != any(w.done) {
+		return v
+	}
+	if w.parent.Err() != nil {
+		return w.parent.Value(key)
+	}
+	return nil
+}
 
 // AfterFunc arranges for f to run, in its own goroutine, once the context
 // has ended (see context.AfterFunc); the context package uses it for the
@@ -378,7 +391,7 @@ func (l *Locker) acquireSessionWithin(ctx, wctx context.Context, a *acquired) er
 	defer t.leave()
 	w := &a.w
 	for retried := false; ; retried = true {
-		err = l.checkProxy(ctx, c, op, s.all)
+		err = l.checkProxy(ctx, wctx, c, op, s.all)
 		if err == nil {
 			err = l.lockSession(ctx, wctx, c, r, w)
 		}
@@ -452,6 +465,7 @@ func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, r *reque
 		err = c.Conn().SendBatch(w.ctx, b).Close()
 	}
 	w.stop() // no cancel request in flight from here on
+	err = w.cut(err)
 	if w.settle(c, err) {
 		// c will be destroyed, which releases whatever it holds.
 		if err == nil { // granted, but the wait had been given up

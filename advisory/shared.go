@@ -377,12 +377,18 @@ func (hc *holderConn) tryOn(ctx, wctx context.Context, h *Lock, owned bool) erro
 	if !owned {
 		if err := hc.take(wctx); err != nil {
 			// Given up waiting for the turn: nothing was sent. The record
-			// must still be undone under the turn (it may retire hc).
-			_ = hc.take(context.Background())
+			// is undone now (under holders.mu); if that leaves hc without
+			// locks, hc is retired under the turn, which the one holding it
+			// may keep for a while (the watcher, through a heartbeat the
+			// network delays, up to HeartbeatTimeout): in the background,
+			// so that the call returns within its bound.
 			if hc.forget(h) {
-				hc.retire()
+				go func() {
+					_ = hc.take(context.Background())
+					hc.retire()
+					hc.give()
+				}()
 			}
-			hc.give()
 			return &LockError{Op: a.op, Keys: a.s.all, Err: classify(ctx, noConnection(err))}
 		}
 	}

@@ -261,6 +261,7 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 		return err
 	}
 	w.stop()
+	err = w.cut(err)
 	w.settle(c, err) // a pending cancel request makes c unfit for the pool
 	if x.falses > 0 {
 		return &LockError{Op: x.op, Keys: x.s.all, Err: join(ErrNotAcquired, ctx.Err())}

@@ -5,6 +5,7 @@
 package tcpproxy
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"sync"
@@ -23,8 +24,10 @@ type Proxy struct {
 	closed          bool
 	wg              sync.WaitGroup
 
-	clientBytes atomic.Int64 // forwarded from clients to the server
-	dropNext    atomic.Bool  // DropNextAnswer armed: the next server bytes are dropped
+	clientBytes atomic.Int64           // forwarded from clients to the server
+	dropNext    atomic.Bool            // DropNextAnswer armed: the next server bytes are dropped
+	swallow     atomic.Pointer[[]byte] // Swallow's pattern; nil: none
+	swallowed   atomic.Int64           // reads Swallow dropped
 }
 
 // link is one proxied connection.
@@ -106,6 +109,12 @@ func (p *Proxy) pump(l *link, dst, src net.Conn, count *atomic.Int64, fromServer
 		if n > 0 && fromServer && p.dropNext.CompareAndSwap(true, false) {
 			return // the deferred close ends both sides; the bytes never reach the client
 		}
+		if n > 0 && !fromServer {
+			if pat := p.swallow.Load(); pat != nil && bytes.Contains(buf[:n], *pat) {
+				p.swallowed.Add(1)
+				continue // swallowed: the server never sees it, nor answers
+			}
+		}
 		if n > 0 && !l.cut.Load() {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
@@ -139,6 +148,23 @@ func (p *Proxy) SetTarget(network, target string) {
 // left the client would. The server has run what it was sent; the client never hears how
 // it went.
 func (p *Proxy) DropNextAnswer() { p.dropNext.Store(true) }
+
+// Swallow drops, from now on, every read of client bytes that contains pattern (a
+// statement's text, say), keeping the connection open: a server, or a network, that goes
+// silent for that request alone. What the client sends next is forwarded again, and the
+// server, which never saw the request, answers that. Swallow(nil) ends it. A pattern split
+// across two reads is not seen.
+func (p *Proxy) Swallow(pattern []byte) {
+	if pattern == nil {
+		p.swallow.Store(nil)
+		return
+	}
+	pat := bytes.Clone(pattern)
+	p.swallow.Store(&pat)
+}
+
+// Swallowed returns how many client reads Swallow has dropped.
+func (p *Proxy) Swallowed() int64 { return p.swallowed.Load() }
 
 // AnswerDropped reports whether the drop DropNextAnswer armed has happened.
 func (p *Proxy) AnswerDropped() bool { return !p.dropNext.Load() }

@@ -1,0 +1,194 @@
+package advisory_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlock/pgxlock/advisory"
+	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/internal/tcpproxy"
+	"github.com/pgxlock/pgxlock/keys"
+)
+
+// A server, or a network, that goes silent for one request: the call's own
+// bound (Options.Timeout, Config.LockTimeout), not only ctx's deadline,
+// ends every wait of the call, and the error says the bound was reached.
+// (Review round 8.)
+
+// swallowingPool returns a pool whose connections go through a proxy, in plain
+// TCP so that the proxy can swallow a request by its text.
+func swallowingPool(t *testing.T) (*pgxpool.Pool, *tcpproxy.Proxy) {
+	t.Helper()
+	cfg := pgtest.Config(t)
+	proxy := proxied(t, cfg)
+	cfg.ConnConfig.TLSConfig = nil
+	return pgtest.NewPool(t, cfg), proxy
+}
+
+// hangUp closes every connection through proxy, so that whatever waits on
+// a swallowed request fails at once.
+func hangUp(proxy *tcpproxy.Proxy) {
+	proxy.Swallow(nil)
+	proxy.Cut()
+	proxy.CloseCut()
+}
+
+// TestHandleWaitForAHolderTurnKeepsItsBound: a handle call that waits for
+// the turn of a shared holder connection gives up at its bound (or when
+// ctx is cancelled), while the holder's watcher still holds the turn
+// through a heartbeat the network does not answer. It waited again, with
+// no bound, to undo its record, so it returned only when the heartbeat
+// gave up.
+func TestHandleWaitForAHolderTurnKeepsItsBound(t *testing.T) {
+	const bound = 100 * time.Millisecond
+	for _, c := range []struct {
+		name   string
+		try    bool
+		cancel bool
+	}{
+		{"TryLock, Config.LockTimeout", true, false},
+		{"TryLock, ctx cancelled", true, true},
+		{"Lock, Options.Timeout", false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			pool, proxy := swallowingPool(t)
+			l := newLocker(t, pool, advisory.Config{LockTimeout: bound,
+				HeartbeatInterval: 20 * time.Millisecond, HeartbeatTimeout: 20 * time.Second})
+			h1, err := l.TryLock(ctx, key(t), nil)
+			require.NoError(t, err)
+			defer func() { _ = h1.Unlock(ctx) }()
+			defer hangUp(proxy)
+			proxy.Swallow([]byte("-- ping")) // pgx's Ping: the watcher's next heartbeat
+			require.Eventually(t, func() bool { return proxy.Swallowed() > 0 }, 10*time.Second, time.Millisecond,
+				"the holder's watcher pings and waits, holding the turn")
+
+			cctx := ctx
+			if c.cancel {
+				var cancel context.CancelFunc
+				cctx, cancel = context.WithCancel(ctx)
+				defer cancel()
+				time.AfterFunc(bound/2, cancel)
+			}
+			var h2 *advisory.Lock
+			if c.try {
+				h2, err = l.TryLock(cctx, key(t), nil)
+			} else {
+				h2, err = l.Lock(cctx, key(t), &advisory.Options{Timeout: bound})
+			}
+			if h2 != nil {
+				_ = h2.Unlock(ctx)
+			}
+			require.Error(t, err)
+			assert.NoError(t, h1.Err(), "the call returned while the heartbeat still held the turn")
+			assert.ErrorIs(t, err, advisory.ErrNoConnection)
+			if c.cancel {
+				assert.ErrorIs(t, err, context.Canceled)
+			} else {
+				assert.ErrorIs(t, err, context.DeadlineExceeded)
+			}
+		})
+	}
+}
+
+// TestProxyCheckKeepsTheBound: the first session call of a Locker checks
+// for a connection proxy (DetectProxy, one query) within its bound, and
+// so does a call waiting for that check: a server that does not answer
+// the query ends both at their bounds with ErrNoConnection, and a later
+// call checks again. The check ran under ctx alone, so the calls waited
+// as long as ctx allowed.
+func TestProxyCheckKeepsTheBound(t *testing.T) {
+	ctx, cancel := context.WithTimeout(testCtx(t), 15*time.Second) // a guard
+	defer cancel()
+	pool, proxy := swallowingPool(t)
+	defer hangUp(proxy)
+	l := newLocker(t, pool, advisory.Config{HeartbeatInterval: -1})
+	proxy.Swallow([]byte("pg_backend_pid"))
+
+	first := make(chan error, 1)
+	go func() { first <- l.WithLock(ctx, key(t), &advisory.Options{Timeout: 5 * time.Second}, noopSession) }()
+	require.Eventually(t, func() bool { return proxy.Swallowed() > 0 }, 10*time.Second, time.Millisecond,
+		"the first call's check is on its way")
+	err := l.WithLock(ctx, key(t), &advisory.Options{Timeout: 100 * time.Millisecond}, noopSession)
+	assert.ErrorIs(t, err, advisory.ErrNoConnection, "waiting for the first call's check")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	select {
+	case err := <-first:
+		t.Fatalf("the first call ended before the second: %v", err)
+	default:
+	}
+	err = <-first
+	assert.ErrorIs(t, err, advisory.ErrNoConnection, "its own check, unanswered")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.NoError(t, ctx.Err(), "ended by the call's bound, not the guard")
+
+	proxy.Swallow(nil)
+	require.NoError(t, l.WithLock(ctx, key(t), nil, noopSession), "the next call checks again")
+}
+
+// TestSilentServerAtTheBoundIsALockTimeout: a lock statement the server
+// does not answer ends at the call's bound (plus the grace the server's
+// own lock_timeout is given) with ErrLockTimeout and
+// context.DeadlineExceeded, whether the bound is ctx's deadline or the
+// call's timeout. With the call's timeout the error was the socket's i/o
+// timeout alone, matching no sentinel.
+func TestSilentServerAtTheBoundIsALockTimeout(t *testing.T) {
+	const bound = 100 * time.Millisecond
+	timeout := &advisory.Options{Timeout: bound}
+	for _, c := range []struct {
+		name string
+		op   func(ctx context.Context, l *advisory.Locker, pool *pgxpool.Pool) error
+	}{
+		{"WithLock", func(ctx context.Context, l *advisory.Locker, _ *pgxpool.Pool) error {
+			return l.WithLock(ctx, key(t), timeout, noopSession)
+		}},
+		{"WithLockAll", func(ctx context.Context, l *advisory.Locker, _ *pgxpool.Pool) error {
+			return l.WithLockAll(ctx, []keys.Key{key(t), key(t)}, timeout, noopSession)
+		}},
+		{"Lock, Config.LockTimeout", func(ctx context.Context, l *advisory.Locker, _ *pgxpool.Pool) error {
+			h, err := l.Lock(ctx, key(t), nil)
+			if err == nil {
+				_ = h.Unlock(ctx)
+			}
+			return err
+		}},
+		{"WithXactLock", func(ctx context.Context, l *advisory.Locker, _ *pgxpool.Pool) error {
+			return l.WithXactLock(ctx, key(t), timeout, noopXact)
+		}},
+		{"WithXactLockAll", func(ctx context.Context, l *advisory.Locker, _ *pgxpool.Pool) error {
+			return l.WithXactLockAll(ctx, []keys.Key{key(t), key(t)}, timeout, noopXact)
+		}},
+		{"LockInTx", func(ctx context.Context, l *advisory.Locker, pool *pgxpool.Pool) error {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			return l.LockInTx(ctx, tx, key(t), timeout)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(testCtx(t), 15*time.Second) // a guard
+			defer cancel()
+			pool, proxy := swallowingPool(t)
+			defer hangUp(proxy)
+			// AllowProxy: no proxy check (the proxy here is a plain TCP one), so
+			// that the lock statement is the first of the pool: prepared, so sent
+			// by its text, which the proxy swallows.
+			l := newLocker(t, pool, advisory.Config{LockTimeout: bound, HeartbeatInterval: -1, AllowProxy: true})
+			proxy.Swallow([]byte("pg_catalog.pg_advisory_"))
+			err := c.op(ctx, l, pool)
+			assert.Positive(t, proxy.Swallowed(), "the lock statement went unanswered")
+			assert.ErrorIs(t, err, advisory.ErrLockTimeout)
+			assert.ErrorIs(t, err, context.DeadlineExceeded)
+			assert.NotErrorIs(t, err, context.Canceled)
+			assert.NoError(t, ctx.Err(), "ended by the call's bound, not the guard")
+		})
+	}
+}
+
