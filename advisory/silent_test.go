@@ -191,4 +191,3 @@ func TestSilentServerAtTheBoundIsALockTimeout(t *testing.T) {
 		})
 	}
 }
-
