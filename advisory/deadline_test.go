@@ -91,11 +91,6 @@ func TestBoundedWaitIsNotATimerContext(t *testing.T) {
 	k := key(t)
 	ks := []keys.Key{key(t), key(t)}
 	timeout := &advisory.Options{Timeout: time.Minute}
-	batch := func() *pgx.Batch {
-		b := &pgx.Batch{}
-		b.Queue("SELECT 1")
-		return b
-	}
 	for _, c := range []struct {
 		name string
 		op   func() error
@@ -122,9 +117,9 @@ func TestBoundedWaitIsNotATimerContext(t *testing.T) {
 		{"WithXactLock, Options.Timeout", func() error { return l.WithXactLock(ctx, k, timeout, noopXact) }},
 		{"WithXactLock, Config.LockTimeout", func() error { return bounded.WithXactLock(ctx, k, nil, noopXact) }},
 		{"WithXactLockAll, Options.Timeout", func() error { return l.WithXactLockAll(ctx, ks, timeout, noopXact) }},
-		{"TryWithXactLockBatch", func() error { return l.TryWithXactLockBatch(ctx, ks, nil, batch()) }},
-		{"WithXactLockBatch, Options.Timeout", func() error { return l.WithXactLockBatch(ctx, ks, timeout, batch()) }},
-		{"WithXactLockBatch, Config.LockTimeout", func() error { return bounded.WithXactLockBatch(ctx, ks, nil, batch()) }},
+		{"TryWithXactLockBatch", func() error { return l.TryWithXactLockBatch(ctx, ks, nil, selectOne()) }},
+		{"WithXactLockBatch, Options.Timeout", func() error { return l.WithXactLockBatch(ctx, ks, timeout, selectOne()) }},
+		{"WithXactLockBatch, Config.LockTimeout", func() error { return bounded.WithXactLockBatch(ctx, ks, nil, selectOne()) }},
 	} {
 		require.NoError(t, c.op(), c.name) // and the proxy check, once
 		seen = nil
@@ -164,11 +159,6 @@ func TestBoundReachedIsADeadlineInDerivedContexts(t *testing.T) {
 	bounded := newLocker(t, pool, advisory.Config{LockTimeout: bound, HeartbeatInterval: -1})
 	timeout := &advisory.Options{Timeout: bound}
 	k := key(t)
-	batch := func() *pgx.Batch {
-		b := &pgx.Batch{}
-		b.Queue("SELECT 1")
-		return b
-	}
 	for _, c := range []struct {
 		name string
 		op   func() error
@@ -184,7 +174,7 @@ func TestBoundReachedIsADeadlineInDerivedContexts(t *testing.T) {
 		}},
 		{"WithXactLock, Options.Timeout", func() error { return l.WithXactLock(ctx, k, timeout, noopXact) }},
 		{"TryWithXactLock", func() error { return bounded.TryWithXactLock(ctx, k, nil, noopXact) }},
-		{"WithXactLockBatch, Config.LockTimeout", func() error { return bounded.WithXactLockBatch(ctx, []keys.Key{k}, nil, batch()) }},
+		{"WithXactLockBatch, Config.LockTimeout", func() error { return bounded.WithXactLockBatch(ctx, []keys.Key{k}, nil, selectOne()) }},
 	} {
 		require.NoError(t, c.op(), c.name) // the proxy check, once
 		block.Store(true)
@@ -200,4 +190,11 @@ func TestBoundReachedIsADeadlineInDerivedContexts(t *testing.T) {
 		assert.ErrorIs(t, err, context.DeadlineExceeded, c.name)
 		assert.NotErrorIs(t, err, context.Canceled, "%s: ctx was not cancelled", c.name)
 	}
+}
+
+// selectOne is a batch of one harmless statement.
+func selectOne() *pgx.Batch {
+	b := &pgx.Batch{}
+	b.Queue("SELECT 1")
+	return b
 }
