@@ -410,7 +410,11 @@ func (w *serverWait) arrange(wctx context.Context, pg *pgconn.PgConn) {
 		w.bound = max(time.Until(deadline), time.Millisecond)
 	}
 	w.watcher.Add(1)
-	w.stopWatch = context.AfterFunc(wctx, w.watch)
+	if bw, ok := wctx.(*boundWait); ok {
+		w.stopWatch = bw.AfterFunc(w.watch) // one hop: context.AfterFunc(wctx) would add one
+	} else {
+		w.stopWatch = context.AfterFunc(wctx, w.watch)
+	}
 }
 
 // watch runs when wctx ends while the statement is on.
