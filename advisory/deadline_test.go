@@ -192,6 +192,53 @@ func TestBoundReachedIsADeadlineInDerivedContexts(t *testing.T) {
 	}
 }
 
+// TestBoundErrNeverChanges: once a bounded call's wait has ended, the
+// context's Err and context.Cause stay what they first were (the context
+// contract), in the hook that saw the bound pass and in what it derived:
+// a cancellation of the caller's ctx afterwards does not turn the bound's
+// context.DeadlineExceeded into context.Canceled. (Review round 9.)
+func TestBoundErrNeverChanges(t *testing.T) {
+	ctx := testCtx(t)
+	type seen struct{ atBound, afterCancel, cause, child error }
+	got := make(chan seen, 1)
+	reached, cancelled := make(chan struct{}), make(chan struct{})
+	var block atomic.Bool
+	cfg := pgtest.Config(t)
+	cfg.PrepareConn = func(hctx context.Context, _ *pgx.Conn) (bool, error) {
+		if !block.Load() {
+			return true, nil
+		}
+		child, stop := context.WithCancel(hctx)
+		defer stop()
+		<-hctx.Done() // the bound passes
+		var s seen
+		s.atBound = hctx.Err()
+		close(reached)
+		<-cancelled // the caller has cancelled its ctx
+		s.afterCancel, s.cause, s.child = hctx.Err(), context.Cause(hctx), child.Err()
+		got <- s
+		return false, hctx.Err()
+	}
+	pool := pgtest.NewPool(t, cfg)
+	l := newLocker(t, pool, advisory.Config{LockTimeout: 50 * time.Millisecond, HeartbeatInterval: -1})
+	require.NoError(t, l.WithLock(ctx, key(t), nil, noopSession)) // the proxy check, once
+	block.Store(true)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- l.WithLock(cctx, key(t), nil, noopSession) }()
+	<-reached
+	cancel()
+	close(cancelled)
+	s := <-got
+	err := <-done
+	assert.Equal(t, context.DeadlineExceeded, s.atBound)
+	assert.Equal(t, context.DeadlineExceeded, s.afterCancel, "Err changed after the caller's cancellation")
+	assert.Equal(t, context.DeadlineExceeded, s.cause, "context.Cause")
+	assert.Equal(t, context.DeadlineExceeded, s.child, "a context derived before the bound passed")
+	assert.ErrorIs(t, err, advisory.ErrNoConnection)
+}
+
 // selectOne is a batch of one harmless statement.
 func selectOne() *pgx.Batch {
 	b := &pgx.Batch{}

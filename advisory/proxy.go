@@ -35,7 +35,8 @@ func DetectProxy(ctx context.Context, conn *pgx.Conn) (bool, error) {
 // Locker (and again after a check that failed), unless AllowProxy is set.
 // The check, and the wait for another call's check to end, are bounded by
 // wctx, the call's whole wait: a check the bound ends (a server or network
-// that does not answer) is ErrNoConnection, and the next call checks again.
+// that does not answer), ctx's deadline included, is ErrNoConnection, and
+// the next call checks again.
 func (l *Locker) checkProxy(ctx, wctx context.Context, c *pooltx.Conn, op string, ks []keys.Key) error {
 	if l.cfg.AllowProxy {
 		return nil
@@ -49,8 +50,10 @@ func (l *Locker) checkProxy(ctx, wctx context.Context, c *pooltx.Conn, op string
 			proxied, err := DetectProxy(wctx, c.Conn())
 			if err != nil {
 				l.proxyTurn.unlock()
-				if wctx.Err() != nil && ctx.Err() == nil {
-					err = noConnection(err) // the call's bound ended it
+				if wctx.Err() != nil {
+					// The call's bound, ctx's deadline or its cancellation
+					// ended it: no lock was waited for.
+					err = noConnection(err)
 				}
 				return &LockError{Op: op, Keys: ks, Err: classify(ctx, err)}
 			}

@@ -265,8 +265,27 @@ type boundWait struct {
 	cancel   context.CancelFunc
 	parent   context.Context
 	deadline time.Time
-	expired  atomic.Bool // the bound passed (Expire)
+	reason   atomic.Int32 // why done ended, once known: reasonExpired, reasonStopped, reasonParent
 	bound    cutoff.Bound
+}
+
+// Why a boundWait ended: the first reason recorded stands, so that Err and
+// context.Cause never change once reported.
+const (
+	reasonNone    int32 = iota
+	reasonExpired       // the bound passed
+	reasonStopped       // the call's wait is over
+	reasonParent        // ctx ended
+)
+
+// why returns why w ended (reasonNone while it has not): the reason stop or
+// Expire recorded before ending it, else ctx's end, recorded now.
+func (w *boundWait) why() int32 {
+	if w.done.Err() == nil {
+		return reasonNone
+	}
+	w.reason.CompareAndSwap(reasonNone, reasonParent)
+	return w.reason.Load()
 }
 
 // start begins the bound of d on a zero boundWait and returns it.
@@ -284,14 +303,19 @@ func (w *boundWait) stop() {
 	if w.cancel == nil {
 		return
 	}
+	if w.done.Err() == nil {
+		w.reason.CompareAndSwap(reasonNone, reasonStopped)
+	}
 	w.bound.End()
 	w.cancel()
 }
 
-// Expire ends the context once the bound has passed (cutoff.Expirer).
+// Expire ends the context once the bound has passed (cutoff.Expirer),
+// unless it has ended already.
 func (w *boundWait) Expire() {
-	w.expired.Store(true)
-	w.cancel()
+	if w.done.Err() == nil && w.reason.CompareAndSwap(reasonNone, reasonExpired) {
+		w.cancel()
+	}
 }
 
 // Deadline is the bound's, or ctx's when earlier.
@@ -305,30 +329,31 @@ func (w *boundWait) Deadline() (time.Time, bool) {
 // Done is closed once the bound has passed, ctx has ended or stop ran.
 func (w *boundWait) Done() <-chan struct{} { return w.done.Done() }
 
-// Err is ctx's error once ctx has ended, else context.DeadlineExceeded
-// once the bound has passed, else context.Canceled once stopped, else nil.
+// Err is nil while Done is open; then, for good, whatever ended it first:
+// context.DeadlineExceeded for the bound, ctx's error for ctx, or
+// context.Canceled once stopped.
 func (w *boundWait) Err() error {
-	if w.done.Err() == nil {
-		return nil // Done is open
-	}
-	if err := w.parent.Err(); err != nil {
-		return err
-	}
-	if w.expired.Load() {
+	switch w.why() {
+	case reasonNone:
+		return nil
+	case reasonExpired:
 		return context.DeadlineExceeded
+	case reasonParent:
+		return w.parent.Err()
+	default:
+		return context.Canceled
 	}
-	return context.Canceled
 }
 
 // Value is ctx's, but for the context package's own key, which would find
-// done's cancelCtx: nil, so that context.Cause reports Err, until ctx has
-// ended, whose cancelCtx then carries ctx's cause.
+// done's cancelCtx: nil, so that context.Cause reports Err, unless ctx
+// ended it, whose cancelCtx then carries ctx's cause.
 func (w *boundWait) Value(key any) any {
 	v := w.done.Value(key)
 	if v != any(w.done) {
 		return v
 	}
-	if w.parent.Err() != nil {
+	if w.why() == reasonParent {
 		return w.parent.Value(key)
 	}
 	return nil

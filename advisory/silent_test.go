@@ -131,6 +131,48 @@ func TestProxyCheckKeepsTheBound(t *testing.T) {
 	require.NoError(t, l.WithLock(ctx, key(t), nil, noopSession), "the next call checks again")
 }
 
+// TestProxyCheckAtCtxDeadlineIsNoConnection: a proxy check that ctx's own
+// deadline ends is ErrNoConnection too, for every form: no lock was waited
+// for (a Try call never waits for one), so not ErrLockTimeout. (Review
+// round 9.)
+func TestProxyCheckAtCtxDeadlineIsNoConnection(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		op   func(ctx context.Context, l *advisory.Locker) error
+	}{
+		{"WithLock", func(ctx context.Context, l *advisory.Locker) error {
+			return l.WithLock(ctx, key(t), nil, noopSession)
+		}},
+		{"WithLock, Options.Timeout later than ctx's deadline", func(ctx context.Context, l *advisory.Locker) error {
+			return l.WithLock(ctx, key(t), &advisory.Options{Timeout: time.Minute}, noopSession)
+		}},
+		{"TryWithLock", func(ctx context.Context, l *advisory.Locker) error {
+			return l.TryWithLock(ctx, key(t), nil, noopSession)
+		}},
+		{"TryLock", func(ctx context.Context, l *advisory.Locker) error {
+			h, err := l.TryLock(ctx, key(t), nil)
+			if err == nil {
+				_ = h.Unlock(ctx)
+			}
+			return err
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pool, proxy := swallowingPool(t)
+			defer hangUp(proxy)
+			l := newLocker(t, pool, advisory.Config{HeartbeatInterval: -1})
+			proxy.Swallow([]byte("pg_backend_pid"))
+			ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+			defer cancel()
+			err := c.op(ctx, l)
+			assert.Positive(t, proxy.Swallowed(), "the check went unanswered")
+			assert.ErrorIs(t, err, advisory.ErrNoConnection)
+			assert.ErrorIs(t, err, context.DeadlineExceeded)
+			assert.NotErrorIs(t, err, advisory.ErrLockTimeout)
+		})
+	}
+}
+
 // TestSilentServerAtTheBoundIsALockTimeout: a lock statement the server
 // does not answer ends at the call's bound (plus the grace the server's
 // own lock_timeout is given) with ErrLockTimeout and
