@@ -78,7 +78,10 @@ func (l *Locker) LockInTx(ctx context.Context, tx pgx.Tx, key keys.Key, opts *Op
 // TryLockInTx is LockInTx without waiting: when key is held in a
 // conflicting mode by another session it returns a *LockError matching
 // ErrNotAcquired, nothing is held and tx is usable as before. It costs one
-// round trip whether or not the key is free.
+// round trip whether or not the key is free. Its statement runs on tx's
+// connection under ctx alone (the connection is the caller's, not the
+// Locker's to cut): a server or network that does not answer holds the
+// call until ctx ends (and at most half a second more).
 func (l *Locker) TryLockInTx(ctx context.Context, tx pgx.Tx, key keys.Key, opts *Options) error {
 	c := &inTxCall{}
 	c.key1[0] = key

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgxlock/pgxlock/internal/cutoff"
 	"github.com/pgxlock/pgxlock/keys"
 	"github.com/pgxlock/pgxlock/pooltx"
 )
@@ -296,6 +297,45 @@ type serverWait struct {
 
 	sent atomic.Bool // a cancel request went to the server
 	hard atomic.Bool // the socket's deadline was cut to end the statement
+
+	try    cutoff.Bound // a Try statement's bound (startTry)
+	tryOn  bool         // try is started and not yet ended (stopTry)
+	tryCut bool         // the bound passed before the statement was over
+}
+
+// startTry bounds a Try call's statement, which waits for no lock, by d
+// (Locker.tryConnWait), on pg's socket: a server or network that does not
+// answer it does not hold the call until ctx ends (forever, without a
+// deadline). endTry ends the bound and gives the call's error for err.
+func (w *serverWait) startTry(pg *pgconn.PgConn, d time.Duration) {
+	w.try.Start(pg.Conn(), d)
+	w.tryOn = true
+}
+
+// stopTry ends startTry's bound, once the statement is over; idempotent.
+func (w *serverWait) stopTry() {
+	if w.tryOn {
+		w.tryOn = false
+		w.tryCut = !w.try.End()
+	}
+}
+
+// endTry ends startTry's bound and returns err, the statement's, as the
+// call's: a statement that went unanswered until the bound, or until ctx's
+// deadline, is ErrNoConnection (with context.DeadlineExceeded), not a lock
+// timeout: a Try call never waits for a lock.
+func (w *serverWait) endTry(ctx context.Context, err error) error {
+	w.stopTry()
+	if w.tryCut && err != nil {
+		return noConnection(join(err, context.DeadlineExceeded))
+	}
+	if err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded)) {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) {
+			return noConnection(err)
+		}
+	}
+	return err
 }
 
 // detached is context.WithoutCancel without its allocation: it keeps the

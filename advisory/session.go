@@ -63,7 +63,11 @@ func (l *Locker) WithLock(ctx context.Context, key keys.Key, opts *Options, fn f
 // conflicting mode it returns a *LockError matching ErrNotAcquired and fn
 // does not run. It waits only for a connection, for at most
 // Config.LockTimeout, else DefaultTryConnWait (or until ctx ends, if
-// sooner), and then fails with ErrNoConnection, never ErrNotAcquired.
+// sooner), and then fails with ErrNoConnection, never ErrNotAcquired. Its
+// statement, which waits for no lock, is bounded by the same duration, from
+// when it is sent, and by ctx's deadline: a server or network that does not
+// answer it ends the call with ErrNoConnection (context.DeadlineExceeded in
+// the chain), never ErrLockTimeout, and the connection is destroyed.
 func (l *Locker) TryWithLock(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
 	a, ks := oneKey(key)
 	return l.withSession(ctx, a, ks, opts, true, fn)
@@ -459,6 +463,8 @@ func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, r *reque
 	w.ctx = ctx
 	if !try {
 		w.arrange(wctx, c.Conn().PgConn())
+	} else {
+		w.startTry(c.Conn().PgConn(), l.tryConnWait())
 	}
 	defer w.stop()
 
@@ -490,6 +496,9 @@ func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, r *reque
 		err = c.Conn().SendBatch(w.ctx, b).Close()
 	}
 	w.stop() // no cancel request in flight from here on
+	if try {
+		err = w.endTry(ctx, err)
+	}
 	err = w.cut(err)
 	if w.settle(c, err) {
 		// c will be destroyed, which releases whatever it holds.

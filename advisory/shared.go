@@ -69,6 +69,7 @@ type holderConn struct {
 	watchCtx   detached       // the first acquisition's values, never cancelled
 	stmtCtx    detached       // the context of the statement in flight (under the turn)
 	bound      cutoff.Bound   // the bound of the statement in flight (under the turn)
+	cut        bool           // the last statement's bound passed before it was over (under the turn)
 }
 
 // indexFrom is how many keys a holder connection's record holds before it
@@ -355,7 +356,7 @@ func (hc *holderConn) run(ctx context.Context, s *keySet, k kind, shared bool) (
 		s.queue(b, k, shared, 0, boolResults(&falses))
 		err = conn.SendBatch(dctx, b).Close()
 	}
-	hc.bound.End()
+	hc.cut = !hc.bound.End()
 	if err == nil {
 		hc.lastOK = time.Now()
 	}
@@ -397,6 +398,12 @@ func (hc *holderConn) tryOn(ctx, wctx context.Context, h *Lock, owned bool) erro
 		return errGone
 	}
 	falses, err := hc.run(ctx, &a.s, kindTryLock, a.shared)
+	if err != nil && hc.cut {
+		// The server did not answer within the statement's bound: hc is
+		// cut off, and the call could not be served (its statement waits
+		// for no lock).
+		err = noConnection(join(err, context.DeadlineExceeded))
+	}
 	switch {
 	case err != nil && hc.c.Conn().IsClosed():
 		// The session is gone, and with it whatever the statement took.

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -230,6 +231,85 @@ func TestSilentServerAtTheBoundIsALockTimeout(t *testing.T) {
 			assert.ErrorIs(t, err, context.DeadlineExceeded)
 			assert.NotErrorIs(t, err, context.Canceled)
 			assert.NoError(t, ctx.Err(), "ended by the call's bound, not the guard")
+		})
+	}
+}
+
+// TestSilentTryStatementIsNoConnection: a Try call's statement, which
+// waits for no lock, is bounded too: a server or network that does not
+// answer it ends the call at Config.LockTimeout (else DefaultTryConnWait),
+// or at ctx's deadline if sooner, with ErrNoConnection and
+// context.DeadlineExceeded, never ErrLockTimeout; on a shared holder
+// connection, at the holder's statement bound (Config.CleanupTimeout here).
+// The statement ran under ctx alone: with ctx's deadline the call was an
+// ErrLockTimeout, without one it never ended; on a holder connection its
+// error matched no sentinel. (Review round 9.)
+func TestSilentTryStatementIsNoConnection(t *testing.T) {
+	const bound = 200 * time.Millisecond
+	for _, c := range []struct {
+		name   string
+		cfg    advisory.Config
+		ctxDL  bool // the bound is ctx's deadline
+		holder bool // a first TryLock makes a holder connection the call then uses
+		op     func(ctx context.Context, l *advisory.Locker) error
+	}{
+		{name: "TryWithLock, Config.LockTimeout", cfg: advisory.Config{LockTimeout: bound},
+			op: func(ctx context.Context, l *advisory.Locker) error {
+				return l.TryWithLock(ctx, key(t), nil, noopSession)
+			}},
+		{name: "TryWithLock, ctx's deadline", ctxDL: true,
+			op: func(ctx context.Context, l *advisory.Locker) error {
+				return l.TryWithLock(ctx, key(t), nil, noopSession)
+			}},
+		{name: "TryWithXactLock, Config.LockTimeout", cfg: advisory.Config{LockTimeout: bound},
+			op: func(ctx context.Context, l *advisory.Locker) error {
+				return l.TryWithXactLock(ctx, key(t), nil, noopXact)
+			}},
+		{name: "TryWithXactLock, ctx's deadline", ctxDL: true,
+			op: func(ctx context.Context, l *advisory.Locker) error {
+				return l.TryWithXactLock(ctx, key(t), nil, noopXact)
+			}},
+		{name: "TryLock on a holder connection", cfg: advisory.Config{CleanupTimeout: bound}, holder: true,
+			op: func(ctx context.Context, l *advisory.Locker) error {
+				h, err := l.TryLock(ctx, key(t), nil)
+				if err == nil {
+					_ = h.Unlock(ctx)
+				}
+				return err
+			}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			guard, cancel := context.WithTimeout(testCtx(t), 15*time.Second)
+			defer cancel()
+			cfg := pgtest.Config(t)
+			proxy := proxied(t, cfg)
+			cfg.ConnConfig.TLSConfig = nil
+			// The Exec mode sends each statement's text every time, for the
+			// proxy to find.
+			cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+			pool := pgtest.NewPool(t, cfg)
+			defer hangUp(proxy)
+			lc := c.cfg
+			lc.HeartbeatInterval, lc.AllowProxy = -1, true
+			l := newLocker(t, pool, lc)
+			if c.holder {
+				h, err := l.TryLock(guard, key(t), nil)
+				require.NoError(t, err)
+				defer func() { _ = h.Unlock(guard) }()
+			}
+			proxy.Swallow([]byte("pg_try_advisory"))
+			ctx := guard
+			if c.ctxDL {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(guard, bound)
+				defer cancel()
+			}
+			err := c.op(ctx, l)
+			assert.Positive(t, proxy.Swallowed(), "the try statement went unanswered")
+			assert.ErrorIs(t, err, advisory.ErrNoConnection)
+			assert.ErrorIs(t, err, context.DeadlineExceeded)
+			assert.NotErrorIs(t, err, advisory.ErrLockTimeout, "a Try call waits for no lock")
+			assert.NoError(t, guard.Err(), "ended by the call's bound, not the guard")
 		})
 	}
 }

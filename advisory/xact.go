@@ -56,7 +56,9 @@ func (l *Locker) WithXactLock(ctx context.Context, key keys.Key, opts *Options, 
 
 // TryWithXactLock is WithXactLock without waiting: when key is busy the
 // transaction is rolled back, fn does not run and the error matches
-// ErrNotAcquired.
+// ErrNotAcquired. It waits for a connection, and for BEGIN and its try
+// statement to answer, as TryWithLock does: a server that does not answer
+// in time is ErrNoConnection.
 func (l *Locker) TryWithXactLock(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	x := &xactCall{}
 	x.key1[0] = key
@@ -205,6 +207,9 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 	w.ctx = ctx
 	if !x.try {
 		w.arrange(wctx, c.Conn().PgConn())
+	} else {
+		w.startTry(c.Conn().PgConn(), x.l.tryConnWait())
+		defer w.stopTry() // idempotent: ended once the preamble has answered
 	}
 	defer w.stop()
 	// The wait's bound becomes the transaction's lock_timeout between the
@@ -244,6 +249,7 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 	c.MarkClean()
 	err := c.Tx(ctx, txOpts, func(ctx context.Context, tx pgx.Tx) error {
 		w.stop()
+		w.stopTry() // the Try statement answered
 		t.leave()
 		if w.sent.Load() || w.hard.Load() || ctx.Err() != nil {
 			// Granted after the wait was given up: roll back, which releases.
@@ -261,6 +267,9 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 		return err
 	}
 	w.stop()
+	if x.try {
+		err = w.endTry(ctx, err)
+	}
 	err = w.cut(err)
 	w.settle(c, err) // a pending cancel request makes c unfit for the pool
 	if x.falses > 0 {
