@@ -207,8 +207,7 @@ type Locker struct {
 	conns   connCap // Config.MaxConns; nil: no cap
 	holders holders // shared holder connections (see holderConn)
 
-	proxyTurn  fifo         // serialises the one proxy check, each waiter within its bound
-	proxyState atomic.Int32 // 0 unchecked, 1 direct, 2 proxied: read without proxyTurn
+	proxyState atomic.Int32 // 0 unchecked, 1 direct, 2 proxied (checkProxy)
 }
 
 // New returns a Locker over pool. It returns ErrInvalid for a nil pool or a
@@ -239,7 +238,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Locker, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Locker{pool: pool, cfg: cfg, log: log, proxyTurn: make(fifo, 1)}
+	l := &Locker{pool: pool, cfg: cfg, log: log}
 	if cfg.MaxConns > 0 {
 		l.conns = make(connCap, cfg.MaxConns)
 	}

@@ -31,40 +31,35 @@ func DetectProxy(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	return pid != conn.PgConn().PID(), nil
 }
 
-// checkProxy runs DetectProxy on the first session-scope call of the
-// Locker (and again after a check that failed), unless AllowProxy is set.
-// The check, and the wait for another call's check to end, are bounded by
-// wctx, the call's whole wait: a check the bound ends (a server or network
-// that does not answer), ctx's deadline included, is ErrNoConnection, and
-// the next call checks again.
+// checkProxy runs DetectProxy on the session-scope calls of the Locker
+// until one has answered (again after a check that failed), unless
+// AllowProxy is set. Calls that find the state unknown check at once, each
+// on its own connection, rather than wait for another's check: one that
+// never answers (a half-open connection, a call without a bound) then
+// holds no other call. The check is bounded by wctx, the call's whole
+// wait: one that the bound or ctx ends is ErrNoConnection.
 func (l *Locker) checkProxy(ctx, wctx context.Context, c *pooltx.Conn, op string, ks []keys.Key) error {
 	if l.cfg.AllowProxy {
 		return nil
 	}
-	state := l.proxyState.Load() // fast path: every call after the first
+	state := l.proxyState.Load() // fast path: every call once one check has answered
 	if state == proxyUnchecked {
-		if err := l.proxyTurn.lock(wctx); err != nil {
-			return &LockError{Op: op, Keys: ks, Err: classify(ctx, noConnection(err))}
-		}
-		if state = l.proxyState.Load(); state == proxyUnchecked {
-			proxied, err := DetectProxy(wctx, c.Conn())
-			if err != nil {
-				l.proxyTurn.unlock()
-				if wctx.Err() != nil {
-					// The call's bound, ctx's deadline or its cancellation
-					// ended it: no lock was waited for.
-					err = noConnection(err)
-				}
-				return &LockError{Op: op, Keys: ks, Err: classify(ctx, err)}
+		proxied, err := DetectProxy(wctx, c.Conn())
+		if err != nil {
+			if wctx.Err() != nil {
+				// The call's bound, ctx's deadline or its cancellation
+				// ended it: no lock was waited for.
+				err = noConnection(err)
 			}
-			state = proxyDirect
-			if proxied {
-				state = proxyFound
-				l.log.WarnContext(ctx, "advisory: connection proxy detected; session locks refused", "op", op, "keys", keyStrings(ks))
-			}
-			l.proxyState.Store(state)
+			return &LockError{Op: op, Keys: ks, Err: classify(ctx, err)}
 		}
-		l.proxyTurn.unlock()
+		state = proxyDirect
+		if proxied {
+			state = proxyFound
+		}
+		if l.proxyState.CompareAndSwap(proxyUnchecked, state) && proxied {
+			l.log.WarnContext(ctx, "advisory: connection proxy detected; session locks refused", "op", op, "keys", keyStrings(ks))
+		}
 	}
 	if state == proxyFound {
 		return &LockError{Op: op, Keys: ks, Err: ErrProxy}

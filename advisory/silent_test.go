@@ -97,39 +97,39 @@ func TestHandleWaitForAHolderTurnKeepsItsBound(t *testing.T) {
 	}
 }
 
-// TestProxyCheckKeepsTheBound: the first session call of a Locker checks
-// for a connection proxy (DetectProxy, one query) within its bound, and
-// so does a call waiting for that check: a server that does not answer
-// the query ends both at their bounds with ErrNoConnection, and a later
-// call checks again. The check ran under ctx alone, so the calls waited
-// as long as ctx allowed.
+// TestProxyCheckKeepsTheBound: the first session calls of a Locker check
+// for a connection proxy (DetectProxy, one query) within their bounds: a
+// server that does not answer the query ends each at its bound with
+// ErrNoConnection, and a later call checks again. A call whose check hangs
+// holds no other call: the others check on their own connections. The
+// check ran under ctx alone, and later calls queued behind it (review
+// rounds 8 and 9).
 func TestProxyCheckKeepsTheBound(t *testing.T) {
-	ctx, cancel := context.WithTimeout(testCtx(t), 15*time.Second) // a guard
+	guard, cancel := context.WithTimeout(testCtx(t), 15*time.Second)
 	defer cancel()
 	pool, proxy := swallowingPool(t)
 	defer hangUp(proxy)
 	l := newLocker(t, pool, advisory.Config{HeartbeatInterval: -1})
 	proxy.Swallow([]byte("pg_backend_pid"))
 
+	// A first call with no bound but the guard: its check hangs.
 	first := make(chan error, 1)
-	go func() { first <- l.WithLock(ctx, key(t), &advisory.Options{Timeout: 5 * time.Second}, noopSession) }()
+	go func() { first <- l.WithLock(guard, key(t), nil, noopSession) }()
 	require.Eventually(t, func() bool { return proxy.Swallowed() > 0 }, 10*time.Second, time.Millisecond,
 		"the first call's check is on its way")
-	err := l.WithLock(ctx, key(t), &advisory.Options{Timeout: 100 * time.Millisecond}, noopSession)
-	assert.ErrorIs(t, err, advisory.ErrNoConnection, "waiting for the first call's check")
-	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	select {
-	case err := <-first:
-		t.Fatalf("the first call ended before the second: %v", err)
-	default:
-	}
-	err = <-first
+
+	err := l.WithLock(guard, key(t), &advisory.Options{Timeout: 100 * time.Millisecond}, noopSession)
 	assert.ErrorIs(t, err, advisory.ErrNoConnection, "its own check, unanswered")
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.NoError(t, ctx.Err(), "ended by the call's bound, not the guard")
 
 	proxy.Swallow(nil)
-	require.NoError(t, l.WithLock(ctx, key(t), nil, noopSession), "the next call checks again")
+	require.NoError(t, l.WithLock(guard, key(t), nil, noopSession), "a later call checks again, on its own connection")
+	select {
+	case err := <-first:
+		t.Fatalf("the first call's check cannot have been answered: %v", err)
+	default:
+	}
+	assert.NoError(t, guard.Err(), "no call waited for the hanging check")
 }
 
 // TestProxyCheckAtCtxDeadlineIsNoConnection: a proxy check that ctx's own
