@@ -190,6 +190,11 @@ func TestSilentServerAtTheBoundIsALockTimeout(t *testing.T) {
 		{"WithLock", func(ctx context.Context, l *advisory.Locker, _ *pgxpool.Pool) error {
 			return l.WithLock(ctx, key(t), timeout, noopSession)
 		}},
+		{"WithLock, ctx's deadline", func(ctx context.Context, l *advisory.Locker, _ *pgxpool.Pool) error {
+			dctx, cancel := context.WithTimeout(ctx, bound)
+			defer cancel()
+			return l.WithLock(dctx, key(t), &advisory.Options{Timeout: -1}, noopSession)
+		}},
 		{"WithLockAll", func(ctx context.Context, l *advisory.Locker, _ *pgxpool.Pool) error {
 			return l.WithLockAll(ctx, []keys.Key{key(t), key(t)}, timeout, noopSession)
 		}},
