@@ -262,7 +262,8 @@ type acquired struct {
 // the cancelCtx it finds by Value, and hands it that cancelCtx's error,
 // which for done, cancelled at the bound, would be context.Canceled. So
 // Value does not show done's cancelCtx: a child goes through AfterFunc,
-// and takes this context's Err; context.Cause reports Err, or ctx's own
+// and takes this context's Err (it ends just after, in a goroutine of its
+// own, as the child of any context not the context package's does); context.Cause reports Err, or ctx's own
 // cause once ctx has ended.
 type boundWait struct {
 	done     context.Context // context.WithCancel(ctx): Done, ctx's values
