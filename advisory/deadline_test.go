@@ -214,7 +214,7 @@ func TestBoundErrNeverChanges(t *testing.T) {
 		var s seen
 		s.atBound = hctx.Err()
 		close(reached)
-		<-cancelled // the caller has cancelled its ctx
+		<-cancelled    // the caller has cancelled its ctx
 		<-child.Done() // ended by the bound, in a goroutine of its own (context.AfterFunc)
 		s.afterCancel, s.cause, s.child = hctx.Err(), context.Cause(hctx), child.Err()
 		got <- s
