@@ -22,12 +22,16 @@ import (
 // (Review round 8.)
 
 // swallowingPool returns a pool whose connections go through a proxy, in plain
-// TCP so that the proxy can swallow a request by its text.
-func swallowingPool(t *testing.T) (*pgxpool.Pool, *tcpproxy.Proxy) {
+// TCP so that the proxy can swallow a request by its text; mode, when given,
+// is the pool's exec mode.
+func swallowingPool(t *testing.T, mode ...pgx.QueryExecMode) (*pgxpool.Pool, *tcpproxy.Proxy) {
 	t.Helper()
 	cfg := pgtest.Config(t)
 	proxy := proxied(t, cfg)
 	cfg.ConnConfig.TLSConfig = nil
+	for _, m := range mode {
+		cfg.ConnConfig.DefaultQueryExecMode = m
+	}
 	return pgtest.NewPool(t, cfg), proxy
 }
 
@@ -286,13 +290,9 @@ func TestSilentTryStatementIsNoConnection(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			guard, cancel := context.WithTimeout(testCtx(t), 15*time.Second)
 			defer cancel()
-			cfg := pgtest.Config(t)
-			proxy := proxied(t, cfg)
-			cfg.ConnConfig.TLSConfig = nil
 			// The Exec mode sends each statement's text every time, for the
 			// proxy to find.
-			cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-			pool := pgtest.NewPool(t, cfg)
+			pool, proxy := swallowingPool(t, pgx.QueryExecModeExec)
 			defer hangUp(proxy)
 			lc := c.cfg
 			lc.HeartbeatInterval, lc.AllowProxy = -1, true
