@@ -404,9 +404,10 @@ func (x *batchAttempt) failed(err error) error {
 		// pgx refused b before executing anything: a statement that does
 		// not parse (prepared, and synced, before any runs), or an argument
 		// it cannot encode (found before the pipeline is flushed; pgx then
-		// closes the connection, unsent).
+		// closes the connection, unsent), or the preparation got no
+		// answer (a silent server: cut at ctx's end, whose error is kept).
 		_ = c.Rollback(ctx) // a closed connection: marked dirty
-		return fmt.Errorf("%w: %w", pooltx.ErrNotCommitted, err)
+		return fmt.Errorf("%w: %w", pooltx.ErrNotCommitted, join(err, ctx.Err()))
 	case errors.As(err, &pgErr) || pgconn.SafeToRetry(err):
 		// The server failed a statement before COMMIT answered (an answer
 		// to COMMIT would have come before it): the server skipped the rest

@@ -144,13 +144,17 @@
 //     and once granted that connection becomes a holder connection that
 //     later calls share. A holder connection (one shared with other
 //     held locks) never waits for a lock.
-//   - A statement on a holder connection is bounded by Config.CleanupTimeout
-//     (HeartbeatTimeout when heartbeats run and it is shorter), not by the
-//     call's own bound: cutting it short at a caller's bound would lose the
-//     other locks held there. A holder connection whose server does not
-//     answer within it is lost, with its locks (their Done channels close),
-//     and the call fails with ErrNoConnection. The wait for a holder
-//     connection's turn is bounded by the call's bound.
+//   - A statement on a holder connection that holds other locks is bounded
+//     by Config.CleanupTimeout (HeartbeatTimeout when heartbeats run and it
+//     is shorter), not by the call's own bound: cutting it short at a
+//     caller's bound would lose the other locks held there. On a connection
+//     opened for the call, which holds nothing else, it is bounded as a Try
+//     call's statement is (Config.LockTimeout, else DefaultTryConnWait, if
+//     shorter). A holder connection whose server does not answer in time is
+//     lost, with its locks (their Done channels close), and the call goes on
+//     on another connection (ErrNoConnection when that one does not answer
+//     in time either). The wait for a holder connection's turn is bounded
+//     by the call's bound.
 //   - PostgreSQL's session locks stack within a session (a key taken twice
 //     is granted twice, and an exclusive request is granted to the session
 //     that holds the key shared), so the Locker keeps its own record of the

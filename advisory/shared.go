@@ -339,9 +339,14 @@ func (hc *holderConn) unuse() {
 // Locker's bound, and returns how many keys answered false. The caller
 // holds the turn.
 func (hc *holderConn) run(ctx context.Context, s *keySet, k kind, shared bool) (falses int, err error) {
+	return hc.runWithin(ctx, s, k, shared, hc.l.stmtBound())
+}
+
+// runWithin is run with the statement bounded by d.
+func (hc *holderConn) runWithin(ctx context.Context, s *keySet, k kind, shared bool, d time.Duration) (falses int, err error) {
 	conn := hc.c.Conn()
 	nc := conn.PgConn().Conn()
-	hc.bound.Start(nc, hc.l.stmtBound()) // no socket deadline, no timer of its own
+	hc.bound.Start(nc, d) // no socket deadline, no timer of its own
 	hc.stmtCtx.parent = ctx
 	dctx := &hc.stmtCtx // cannot end, so pgx does not watch it: the deadline is the bound
 	if len(s.all) == 1 {
@@ -397,7 +402,14 @@ func (hc *holderConn) tryOn(ctx, wctx context.Context, h *Lock, owned bool) erro
 	if hc.isGone() {
 		return errGone
 	}
-	falses, err := hc.run(ctx, &a.s, kindTryLock, a.shared)
+	d := hc.l.stmtBound()
+	if owned {
+		// A connection opened for this call holds nothing else: its
+		// statement, which waits for no lock, is bounded as a Try call's
+		// (TryWithLock), since cutting it short loses no other lock.
+		d = min(d, hc.l.tryConnWait())
+	}
+	falses, err := hc.runWithin(ctx, &a.s, kindTryLock, a.shared, d)
 	if err != nil && hc.cut {
 		// The server did not answer within the statement's bound: hc is
 		// cut off, and the call could not be served (its statement waits

@@ -2,6 +2,7 @@ package advisory_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/pgxlock/pgxlock/internal/pgtest"
 	"github.com/pgxlock/pgxlock/internal/tcpproxy"
 	"github.com/pgxlock/pgxlock/keys"
+	"github.com/pgxlock/pgxlock/pooltx"
 )
 
 // A server, or a network, that goes silent for one request: the call's own
@@ -249,7 +251,9 @@ func TestSilentServerAtTheBoundIsALockTimeout(t *testing.T) {
 // answer it ends the call at Config.LockTimeout (else DefaultTryConnWait),
 // or at ctx's deadline if sooner, with ErrNoConnection and
 // context.DeadlineExceeded, never ErrLockTimeout; on a shared holder
-// connection, at the holder's statement bound (Config.CleanupTimeout here).
+// connection holding other locks, at the holder's statement bound
+// (Config.CleanupTimeout here); on one opened for the call, at the Try
+// bound (it paid the holder's bound too).
 // The statement ran under ctx alone: with ctx's deadline the call was an
 // ErrLockTimeout, without one it never ended; on a holder connection its
 // error matched no sentinel. (Review round 9.)
@@ -277,6 +281,14 @@ func TestSilentTryStatementIsNoConnection(t *testing.T) {
 		{name: "TryWithXactLock, ctx's deadline", ctxDL: true,
 			op: func(ctx context.Context, l *advisory.Locker) error {
 				return l.TryWithXactLock(ctx, key(t), nil, noopXact)
+			}},
+		{name: "TryLock on a connection of its own", cfg: advisory.Config{LockTimeout: bound, CleanupTimeout: time.Minute},
+			op: func(ctx context.Context, l *advisory.Locker) error {
+				h, err := l.TryLock(ctx, key(t), nil)
+				if err == nil {
+					_ = h.Unlock(ctx)
+				}
+				return err
 			}},
 		{name: "TryLock on a holder connection", cfg: advisory.Config{CleanupTimeout: bound}, holder: true,
 			op: func(ctx context.Context, l *advisory.Locker) error {
@@ -317,4 +329,29 @@ func TestSilentTryStatementIsNoConnection(t *testing.T) {
 			assert.NoError(t, guard.Err(), "ended by the call's bound, not the guard")
 		})
 	}
+}
+
+// TestBatchPreparationUnansweredKeepsCtxError: a batch whose statements pgx
+// must prepare first, on a connection that went silent, ends at ctx's
+// deadline (and the half second of grace) with nothing committed and ctx's
+// error in the chain: the preparation's failure read as a batch pgx had
+// refused, a bare i/o timeout. (Review round 10.)
+func TestBatchPreparationUnansweredKeepsCtxError(t *testing.T) {
+	pool, proxy := swallowingPool(t)
+	defer hangUp(proxy)
+	l := newLocker(t, pool, advisory.Config{HeartbeatInterval: -1, AllowProxy: true})
+	guard, cancel := context.WithTimeout(testCtx(t), 15*time.Second)
+	defer cancel()
+	ks := []keys.Key{key(t)}
+	require.NoError(t, l.WithXactLockBatch(guard, ks, nil, selectOne())) // the connection, warm
+	proxy.Cut()
+	ctx, cancel2 := context.WithTimeout(guard, 200*time.Millisecond) // a deadline: a lock_timeout statement to prepare
+	defer cancel2()
+	b := &pgx.Batch{}
+	b.Queue("SELECT 2") // not prepared yet either
+	err := l.WithXactLockBatch(ctx, ks, nil, b)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.True(t, errors.Is(err, pooltx.ErrNotCommitted) || errors.Is(err, pooltx.ErrCommitUnknown), "%v", err)
+	assert.NoError(t, guard.Err())
 }
