@@ -355,3 +355,27 @@ func TestBatchPreparationUnansweredKeepsCtxError(t *testing.T) {
 	assert.True(t, errors.Is(err, pooltx.ErrNotCommitted) || errors.Is(err, pooltx.ErrCommitUnknown), "%v", err)
 	assert.NoError(t, guard.Err())
 }
+
+// TestLostHolderCallGoesOnElsewhere: a call whose holder connection does
+// not answer within the holder's statement bound loses that connection,
+// with its locks, and goes on on another connection, where it is granted.
+// (Review round 10 read the package doc as promising ErrNoConnection here.)
+func TestLostHolderCallGoesOnElsewhere(t *testing.T) {
+	ctx := testCtx(t)
+	pool, proxy := swallowingPool(t)
+	defer hangUp(proxy)
+	l := newLocker(t, pool, advisory.Config{CleanupTimeout: 300 * time.Millisecond, HeartbeatInterval: -1, LockTimeout: 5 * time.Second})
+	h1, err := l.TryLock(ctx, key(t), nil)
+	require.NoError(t, err)
+	proxy.Cut() // the holder connection goes silent; new connections are fine
+	h2, err := l.TryLock(ctx, key(t), nil)
+	require.NoError(t, err, "granted on another connection")
+	defer func() { _ = h2.Unlock(ctx) }()
+	select {
+	case <-h1.Done():
+	case <-ctx.Done():
+		t.Fatal("the silent holder's lock was not lost")
+	}
+	assert.ErrorIs(t, h1.Err(), advisory.ErrLockLost)
+	_ = h1.Unlock(ctx)
+}
