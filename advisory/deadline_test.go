@@ -106,13 +106,7 @@ func TestBoundedWaitIsNotATimerContext(t *testing.T) {
 			}
 			return h.Unlock(ctx)
 		}},
-		{"TryLock+Unlock", func() error {
-			h, err := l.TryLock(ctx, k, nil)
-			if err != nil {
-				return err
-			}
-			return h.Unlock(ctx)
-		}},
+		{"TryLock+Unlock", func() error { return tryHandleCycle(ctx, l, k) }},
 		{"TryWithXactLock", func() error { return l.TryWithXactLock(ctx, k, nil, noopXact) }},
 		{"WithXactLock, Options.Timeout", func() error { return l.WithXactLock(ctx, k, timeout, noopXact) }},
 		{"WithXactLock, Config.LockTimeout", func() error { return bounded.WithXactLock(ctx, k, nil, noopXact) }},
@@ -165,13 +159,7 @@ func TestBoundReachedIsADeadlineInDerivedContexts(t *testing.T) {
 	}{
 		{"TryWithLock", func() error { return bounded.TryWithLock(ctx, k, nil, noopSession) }},
 		{"WithLock, Options.Timeout", func() error { return l.WithLock(ctx, k, timeout, noopSession) }},
-		{"Lock, Config.LockTimeout", func() error {
-			h, err := bounded.Lock(ctx, k, nil)
-			if err == nil {
-				_ = h.Unlock(ctx)
-			}
-			return err
-		}},
+		{"Lock, Config.LockTimeout", func() error { return handleCycle(ctx, bounded, k) }},
 		{"WithXactLock, Options.Timeout", func() error { return l.WithXactLock(ctx, k, timeout, noopXact) }},
 		{"TryWithXactLock", func() error { return bounded.TryWithXactLock(ctx, k, nil, noopXact) }},
 		{"WithXactLockBatch, Config.LockTimeout", func() error { return bounded.WithXactLockBatch(ctx, []keys.Key{k}, nil, selectOne()) }},

@@ -156,13 +156,7 @@ func TestProxyCheckAtCtxDeadlineIsNoConnection(t *testing.T) {
 		{"TryWithLock", func(ctx context.Context, l *advisory.Locker) error {
 			return l.TryWithLock(ctx, key(t), nil, noopSession)
 		}},
-		{"TryLock", func(ctx context.Context, l *advisory.Locker) error {
-			h, err := l.TryLock(ctx, key(t), nil)
-			if err == nil {
-				_ = h.Unlock(ctx)
-			}
-			return err
-		}},
+		{"TryLock", func(ctx context.Context, l *advisory.Locker) error { return tryHandleCycle(ctx, l, key(t)) }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			pool, proxy := swallowingPool(t)
@@ -205,11 +199,7 @@ func TestSilentServerAtTheBoundIsALockTimeout(t *testing.T) {
 			return l.WithLockAll(ctx, []keys.Key{key(t), key(t)}, timeout, noopSession)
 		}},
 		{"Lock, Config.LockTimeout", func(ctx context.Context, l *advisory.Locker, _ *pgxpool.Pool) error {
-			h, err := l.Lock(ctx, key(t), nil)
-			if err == nil {
-				_ = h.Unlock(ctx)
-			}
-			return err
+			return handleCycle(ctx, l, key(t))
 		}},
 		{"WithXactLock", func(ctx context.Context, l *advisory.Locker, _ *pgxpool.Pool) error {
 			return l.WithXactLock(ctx, key(t), timeout, noopXact)
@@ -283,21 +273,9 @@ func TestSilentTryStatementIsNoConnection(t *testing.T) {
 				return l.TryWithXactLock(ctx, key(t), nil, noopXact)
 			}},
 		{name: "TryLock on a connection of its own", cfg: advisory.Config{LockTimeout: bound, CleanupTimeout: time.Minute},
-			op: func(ctx context.Context, l *advisory.Locker) error {
-				h, err := l.TryLock(ctx, key(t), nil)
-				if err == nil {
-					_ = h.Unlock(ctx)
-				}
-				return err
-			}},
+			op: func(ctx context.Context, l *advisory.Locker) error { return tryHandleCycle(ctx, l, key(t)) }},
 		{name: "TryLock on a holder connection", cfg: advisory.Config{CleanupTimeout: bound}, holder: true,
-			op: func(ctx context.Context, l *advisory.Locker) error {
-				h, err := l.TryLock(ctx, key(t), nil)
-				if err == nil {
-					_ = h.Unlock(ctx)
-				}
-				return err
-			}},
+			op: func(ctx context.Context, l *advisory.Locker) error { return tryHandleCycle(ctx, l, key(t)) }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			guard, cancel := context.WithTimeout(testCtx(t), 15*time.Second)
