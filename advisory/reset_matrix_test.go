@@ -57,6 +57,7 @@ type borrowerView struct {
 	locks, temps, listens    int
 	cursors                  int
 	cache                    string // the cached statement's error, if any
+	lastval                  string // lastval()'s value, or its SQLSTATE (55000 when undefined)
 }
 
 const viewSQL = `SELECT current_user::text, session_user::text,
@@ -90,6 +91,16 @@ func nextBorrowerView(ctx context.Context, t *testing.T, pool *pgxpool.Pool) bor
 	defer c.Release()
 	require.NoError(t, c.QueryRow(ctx, viewSQL, pgx.QueryExecModeSimpleProtocol).Scan(&v.currentUser, &v.sessionUser, &v.settings, &v.custom,
 		&v.locks, &v.temps, &v.listens, &v.cursors))
+	var last int64
+	var pgErr *pgconn.PgError
+	switch err := c.QueryRow(ctx, "SELECT lastval()", pgx.QueryExecModeSimpleProtocol).Scan(&last); {
+	case err == nil:
+		v.lastval = fmt.Sprint(last)
+	case errors.As(err, &pgErr):
+		v.lastval = pgErr.Code
+	default:
+		require.NoError(t, err)
+	}
 	return v
 }
 
@@ -103,7 +114,8 @@ type dirtyState struct {
 type resetFixture struct {
 	other   string
 	lockKey int64
-	n       int // distinguishes names per case
+	n       int    // distinguishes names per case
+	seq     string // a sequence the pool's role may draw from
 }
 
 func resetStates() []dirtyState {
@@ -133,6 +145,7 @@ func resetStates() []dirtyState {
 			return []string{fmt.Sprintf("DECLARE rt_cur_%d CURSOR WITH HOLD FOR SELECT 1", r.n)}
 		}},
 		{"deallocate-all", func(resetFixture) []string { return []string{"DEALLOCATE ALL"} }},
+		{"sequence", func(r resetFixture) []string { return []string{"SELECT nextval('" + r.seq + "')"} }},
 	}
 }
 
@@ -150,6 +163,20 @@ const (
 var outcomeNames = []string{"nil", "error", "panic", "cancel", "expired", "lost"}
 
 var errCallback = errors.New("callback failed")
+
+// testSequence creates a sequence, unique to t, that role may draw from,
+// dropped at the end; it returns its quoted name.
+func testSequence(t *testing.T, admin *pgxpool.Pool, role string) string {
+	t.Helper()
+	ctx := testCtx(t)
+	name := pgx.Identifier{fmt.Sprintf("rt_seq_%d", uint64(pgtest.UniqueInt64(t))%1e12)}.Sanitize()
+	for _, sql := range []string{"CREATE SEQUENCE " + name, "GRANT USAGE ON SEQUENCE " + name + " TO " + pgx.Identifier{role}.Sanitize()} {
+		_, err := admin.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP SEQUENCE IF EXISTS "+name) })
+	return name
+}
 
 type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -329,7 +356,7 @@ func newResetEnv(t *testing.T, base string) *resetEnv {
 // (or batch) left, the next borrower sees what a fresh connection of the
 // pool sees (current_user and session_user, with a role from the
 // connection string; every setting; no advisory lock, temporary table,
-// LISTEN or cursor; a working statement cache). A custom setting a
+// LISTEN or cursor; no currval/lastval; a working statement cache). A custom setting a
 // callback creates reads ” afterwards, not NULL (see pooltx's doc), which
 // the view folds together.
 func TestNextBorrowerSeesAFreshConnection(t *testing.T) {
@@ -338,10 +365,12 @@ func TestNextBorrowerSeesAFreshConnection(t *testing.T) {
 	roles := testRoles(t, admin, 2)
 	base, other := roles[0], roles[1]
 	env := newResetEnv(t, base)
+	seq := testSequence(t, admin, base)
 
 	fresh := nextBorrowerView(ctx, t, env.pool)
 	require.Equal(t, base, fresh.currentUser)
 	require.Equal(t, "-", fresh.custom)
+	require.Equal(t, "55000", fresh.lastval, "lastval is undefined in a new session")
 
 	helpers := resetHelpers()
 	names := []string{"WithLock", "TryWithLock", "WithLockAll", "WithXactLock", "TryWithXactLock",
@@ -356,7 +385,7 @@ func TestNextBorrowerSeesAFreshConnection(t *testing.T) {
 					continue // the slow outcome: identity states only
 				}
 				n++
-				fx := resetFixture{other: other, lockKey: pgtest.UniqueInt64(t), n: n}
+				fx := resetFixture{other: other, lockKey: pgtest.UniqueInt64(t), n: n, seq: seq}
 				ran := h(ctx, t, env, st.sql(fx), out)
 				got := nextBorrowerView(ctx, t, env.pool)
 				if got != fresh {
@@ -406,6 +435,9 @@ func diffView(want, got borrowerView) string {
 	}
 	if got.cursors != want.cursors {
 		d = append(d, fmt.Sprintf("%d cursors", got.cursors))
+	}
+	if got.lastval != want.lastval {
+		d = append(d, "lastval() "+got.lastval)
 	}
 	return strings.Join(d, "; ")
 }

@@ -29,7 +29,7 @@
 // found it (see "Work that sent nothing" below):
 //
 //	RESET SESSION AUTHORIZATION; RESET ROLE; SELECT pg_catalog.pg_advisory_unlock_all();
-//	CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP
+//	CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP; DISCARD SEQUENCES
 //
 // (preceded by EXECUTE pgxlock_reset, the probe below, on a connection that
 // uses pgx's statement cache).
@@ -45,7 +45,10 @@
 //     Identity is never kept, whether changed by SET ROLE, SET SESSION
 //     AUTHORIZATION or set_config('role', ..., false).
 //   - Every session-level advisory lock is dropped, every cursor (WITH
-//     HOLD ones) closed, every LISTEN ended, every temporary table dropped.
+//     HOLD ones) closed, every LISTEN ended, every temporary table dropped,
+//     and the session's sequence state forgotten (currval and lastval are
+//     undefined again, as in a new session, so lastval does not tell the
+//     next borrower the last id the work drew).
 //   - Every setting goes back to its value at connection start: the
 //     server's, database's and role's defaults and the connection string's
 //     RuntimeParams (e.g. ?search_path=app in the DSN) survive. A SET run
@@ -121,10 +124,10 @@
 //     the reset's implicit transaction), and the server offers no cheap way
 //     to tell them from pgx's. A later borrower preparing the same name
 //     gets 42P05.
-//   - Sequence state (currval, lastval) is not reset, nor is the seed of
-//     random() (setseed: RESET ALL skips it), so work that seeds it hands
-//     the next borrower a predictable sequence; do not use random() for
-//     secrets (gen_random_uuid and pgcrypto do not use it).
+//   - The seed of random() is not reset (setseed: neither RESET ALL nor
+//     DISCARD touches it), so work that seeds it hands the next borrower a
+//     predictable sequence; do not use random() for secrets
+//     (gen_random_uuid and pgcrypto do not use it).
 //   - The probe catches DEALLOCATE ALL only. Work that deallocates one of
 //     pgx's cached statements (DEALLOCATE "stmtcache_..."), prepares a
 //     statement under one of pgx's names, or redefines the probe after a

@@ -25,7 +25,7 @@ const ResetSQL = sqlResetIdentity + "; " + sqlUnlockAll + "; " + sqlResetRest
 
 // ResetStatements is the number of statements, so of results, in
 // [ResetSQL]. What [Conn.AppendReset] appends has [Conn.ResetCount].
-const ResetStatements = 7
+const ResetStatements = 8
 
 const (
 	sqlResetIdentity = "RESET SESSION AUTHORIZATION; RESET ROLE"
@@ -40,7 +40,7 @@ const (
 	probeName       = "pgxlock_reset"
 	sqlPrepareProbe = "PREPARE " + probeName + " AS SELECT 1"
 	sqlExecProbe    = "EXECUTE " + probeName
-	sqlResetRest    = "CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP"
+	sqlResetRest    = "CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP; DISCARD SEQUENCES"
 	resetSQL        = ResetSQL
 	probeResetSQL   = sqlExecProbe + "; " + ResetSQL
 )
@@ -50,7 +50,7 @@ const (
 // connection that has one.
 var resetStatements = [ResetStatements]string{
 	"RESET SESSION AUTHORIZATION", "RESET ROLE", sqlUnlockAll,
-	"CLOSE ALL", "UNLISTEN *", "RESET ALL", "DISCARD TEMP",
+	"CLOSE ALL", "UNLISTEN *", "RESET ALL", "DISCARD TEMP", "DISCARD SEQUENCES",
 }
 
 // probeKey is the key of the probe's state in pgconn's per-connection
@@ -180,6 +180,8 @@ func (c *Conn) resetSQL() string {
 //   - every cursor closed (CLOSE ALL), every LISTEN ended (UNLISTEN *);
 //   - every setting restored (RESET ALL);
 //   - temporary tables dropped (DISCARD TEMP);
+//   - sequence state forgotten (DISCARD SEQUENCES: currval and lastval
+//     are undefined again, as in a new session);
 //   - on a connection that was lent and uses pgx's statement cache, a
 //     check that the session's prepared statements were not deallocated
 //     (see [Conn.Lend]).

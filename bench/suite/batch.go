@@ -110,7 +110,7 @@ var (
 // resetStatements mirror the library's reset (pooltx's ResetSQL) one by
 // one, as its batch form queues them.
 var resetStatements = []string{"RESET SESSION AUTHORIZATION", "RESET ROLE", "SELECT pg_catalog.pg_advisory_unlock_all()",
-	"CLOSE ALL", "UNLISTEN *", "RESET ALL", "DISCARD TEMP"}
+	"CLOSE ALL", "UNLISTEN *", "RESET ALL", "DISCARD TEMP", "DISCARD SEQUENCES"}
 
 func rawBatch3(reset bool) func(ctx context.Context, e *Env, s Spec) (*Instance, error) {
 	return func(ctx context.Context, e *Env, s Spec) (*Instance, error) {
