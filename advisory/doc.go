@@ -29,7 +29,10 @@
 // pgx's exec modes that do not describe each statement: the default
 // (QueryExecModeCacheStatement) and QueryExecModeCacheDescribe once pgx has
 // the statements prepared or described, QueryExecModeExec and
-// QueryExecModeSimpleProtocol. QueryExecModeDescribeExec describes every
+// QueryExecModeSimpleProtocol, once each connection has been lent to a
+// callback or batch for the first time (that first time costs one round
+// trip more, once in the connection's life: pooltx's Conn.Lend records the
+// session's identity then). QueryExecModeDescribeExec describes every
 // statement first, so each extended-protocol statement or pipeline the
 // library sends (a lock, an unlock, BEGIN with the lock, a batch, the
 // savepoint of an in-transaction call) costs one round trip more there, as

@@ -360,13 +360,57 @@ func newResetEnv(t *testing.T, base string) *resetEnv {
 // callback creates reads ” afterwards, not NULL (see pooltx's doc), which
 // the view folds together.
 func TestNextBorrowerSeesAFreshConnection(t *testing.T) {
-	ctx := testCtx(t)
 	admin := pgtest.Pool(t)
 	roles := testRoles(t, admin, 2)
 	base, other := roles[0], roles[1]
 	env := newResetEnv(t, base)
 	seq := testSequence(t, admin, base)
+	runResetMatrix(t, env, base, other, seq, func(string) bool { return true })
+}
 
+// TestIdentityFromAfterConnectIsKept: a pool whose AfterConnect switches
+// identity (SET ROLE, or SET SESSION AUTHORIZATION for a superuser login)
+// gets that identity back after every helper and outcome, never the
+// authenticated user's (here a superuser, which bypasses row-level
+// security).
+func TestIdentityFromAfterConnectIsKept(t *testing.T) {
+	admin := pgtest.Pool(t)
+	roles := testRoles(t, admin, 2)
+	base, other := roles[0], roles[1]
+	seq := testSequence(t, admin, base)
+	q := pgx.Identifier{base}.Sanitize()
+	for _, connect := range []string{"SET ROLE " + q, "SET SESSION AUTHORIZATION " + q, "SELECT set_config('role', '" + base + "', false)"} {
+		t.Run(connect, func(t *testing.T) {
+			env := newResetEnvAfterConnect(t, connect)
+			runResetMatrix(t, env, base, other, seq, func(state string) bool {
+				return strings.Contains(state, "role") || strings.Contains(state, "authorization") || state == "settings"
+			})
+		})
+	}
+}
+
+// newResetEnvAfterConnect builds a pool of ONE connection whose
+// AfterConnect runs sql, with a Locker on it.
+func newResetEnvAfterConnect(t *testing.T, sql string) *resetEnv {
+	admin := pgtest.Pool(t)
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	cfg.MinConns = 0
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, sql)
+		return err
+	}
+	pool := pgtest.NewPool(t, cfg)
+	return &resetEnv{pool: pool, admin: admin, l: newLocker(t, pool, advisory.Config{})}
+}
+
+// runResetMatrix runs every helper x every state that want accepts x
+// every outcome on env's pool of one connection, whose connections run as
+// base, and fails for each case whose next borrower does not see what a
+// fresh connection sees.
+func runResetMatrix(t *testing.T, env *resetEnv, base, other, seq string, want func(state string) bool) {
+	t.Helper()
+	ctx := testCtx(t)
 	fresh := nextBorrowerView(ctx, t, env.pool)
 	require.Equal(t, base, fresh.currentUser)
 	require.Equal(t, "-", fresh.custom)
@@ -380,6 +424,9 @@ func TestNextBorrowerSeesAFreshConnection(t *testing.T) {
 	for _, hn := range names {
 		h := helpers[hn]
 		for _, st := range resetStates() {
+			if !want(st.name) {
+				continue
+			}
 			for out := outNil; out <= outLost; out++ {
 				if out == outExpired && !strings.Contains(st.name, "role") && st.name != "session-authorization" {
 					continue // the slow outcome: identity states only
@@ -465,8 +512,19 @@ func TestNextRequestSeesOnlyItsTenantsRows(t *testing.T) {
 		require.NoError(t, err, sql)
 	}
 	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP TABLE IF EXISTS "+tbl) })
-	env := newResetEnv(t, tenantB)
+	// The pool's connections start as tenant B from the connection string,
+	// or from AfterConnect (the login user is then the test's superuser,
+	// which row-level security does not hold back).
+	for name, env := range map[string]*resetEnv{
+		"RuntimeParams role":    newResetEnv(t, tenantB),
+		"AfterConnect SET ROLE": newResetEnvAfterConnect(t, "SET ROLE "+pgx.Identifier{tenantB}.Sanitize()),
+	} {
+		t.Run(name, func(t *testing.T) { checkTenantRows(t, env, tbl, tenantA, tenantB, bypass) })
+	}
+}
 
+func checkTenantRows(t *testing.T, env *resetEnv, tbl, tenantA, tenantB, bypass string) {
+	ctx := testCtx(t)
 	visible := func() (own, others int) {
 		t.Helper()
 		require.NoError(t, env.pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE tenant = $1), count(*) FILTER (WHERE tenant <> $1) FROM "+tbl, tenantB).

@@ -28,22 +28,30 @@
 // ([Conn.Reset]), unless that code left the connection exactly as it
 // found it (see "Work that sent nothing" below):
 //
-//	RESET SESSION AUTHORIZATION; RESET ROLE; SELECT pg_catalog.pg_advisory_unlock_all();
+//	RESET SESSION AUTHORIZATION; SET ROLE NONE; SELECT pg_catalog.pg_advisory_unlock_all();
 //	CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP; DISCARD SEQUENCES
 //
 // (preceded by EXECUTE pgxlock_reset, the probe below, on a connection that
-// uses pgx's statement cache).
+// uses pgx's statement cache; the first two statements name the identity
+// the connection had when first lent, below).
 //
 // It restores:
 //
-//   - Identity: RESET SESSION AUTHORIZATION goes back to the user that
-//     logged in (PostgreSQL checks the authenticated user, so it works
-//     whatever role the session switched to), which may leave role at none; RESET
-//     ROLE then restores the role the connection started with, one from
-//     the connection string's RuntimeParams or from ALTER ROLE ... SET role
-//     included. RESET ALL alone skips both (they are flagged NO_RESET_ALL).
-//     Identity is never kept, whether changed by SET ROLE, SET SESSION
-//     AUTHORIZATION or set_config('role', ..., false).
+//   - Identity: the session user and role the connection had when it was
+//     first lent ([Conn.Lend] reads session_user and
+//     current_setting('role') then, once in the connection's life): a role
+//     from the connection string's RuntimeParams, from ALTER ROLE ... SET
+//     role, or from a SET ROLE or SET SESSION AUTHORIZATION that pgxpool's
+//     AfterConnect ran, included. The reset names them: SET SESSION
+//     AUTHORIZATION (RESET SESSION AUTHORIZATION where it is the user that
+//     logged in; PostgreSQL checks the authenticated user, so either works
+//     whatever role the session switched to), then SET ROLE (NONE where it
+//     was none). So a session never goes back to the authenticated user's
+//     identity where the pool's own set-up had left it, and a role whose
+//     grant was revoked since makes the reset fail, which destroys the
+//     connection. RESET ALL alone skips both (they are flagged
+//     NO_RESET_ALL). Identity is never kept, whether changed by SET ROLE,
+//     SET SESSION AUTHORIZATION or set_config('role', ..., false).
 //   - Every session-level advisory lock is dropped, every cursor (WITH
 //     HOLD ones) closed, every LISTEN ended, every temporary table dropped,
 //     and the session's sequence state forgotten (currval and lastval are
@@ -51,9 +59,10 @@
 //     next borrower the last id the work drew).
 //   - Every setting goes back to its value at connection start: the
 //     server's, database's and role's defaults and the connection string's
-//     RuntimeParams (e.g. ?search_path=app in the DSN) survive. A SET run
-//     in pgxpool's AfterConnect does not survive the connection's first
-//     reset: put such settings in RuntimeParams.
+//     RuntimeParams (e.g. ?search_path=app in the DSN) survive. A SET of a
+//     setting run in pgxpool's AfterConnect does not survive the
+//     connection's first reset (identity, above, does): put such settings
+//     in RuntimeParams.
 //   - pgx's statement cache keeps working after a DEALLOCATE ALL (or pgx's
 //     Conn.DeallocateAll): on a connection that uses it (the default
 //     QueryExecModeCacheStatement), the first [Conn.Lend] prepares a probe
@@ -70,7 +79,9 @@
 // round trip, and in advisory's session helpers the unlock's, so a helper
 // costs no more round trips than the same work by hand; [WithConn] and
 // [Conn.Release] pay one round trip for it (WithConn none when its work
-// sent nothing). Its answers are read message by
+// sent nothing). The first [Conn.Lend] of each connection costs one round
+// trip, once in the connection's life (it records the identity, and
+// prepares the probe where that is used). Its answers are read message by
 // message, with no allocation per statement. A connection that was never
 // lent ran only its caller's statements: the caller may vouch for it
 // ([Conn.MarkClean]: advisory's handles, Hold and refused try-locks,

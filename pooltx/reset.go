@@ -3,6 +3,7 @@ package pooltx
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -10,17 +11,23 @@ import (
 )
 
 // ResetSQL is the reset of [Conn.Reset] as one simple-protocol string of
-// [ResetStatements] statements, for any connection. A caller whose own
+// [ResetStatements] statements, for a connection whose identity is the one
+// it started with (see below). A caller whose own
 // last statement runs in the simple protocol may append the reset to it
 // ("...; " + the reset, one round trip) and call [Conn.MarkClean] once the
 // whole string has succeeded; [Conn.AppendReset] appends the form fit for
-// its connection, which also detects a DEALLOCATE ALL.
+// its connection, which also detects a DEALLOCATE ALL and restores the
+// identity the connection had when first lent.
 //
 // The order matters: RESET SESSION AUTHORIZATION goes back to the
 // authenticated user (which may leave role at none), RESET ROLE then restores the
 // role the connection started with (from the connection string or from
 // ALTER ROLE ... SET role); RESET ALL skips both (PostgreSQL flags them
-// NO_RESET_ALL).
+// NO_RESET_ALL). A connection whose identity was changed before it was
+// first lent (a SET ROLE or SET SESSION AUTHORIZATION in pgxpool's
+// AfterConnect) would go back to the authenticated user's: [Conn.Reset]
+// and [Conn.AppendReset] name the identity the connection had at its
+// first [Conn.Lend] instead.
 const ResetSQL = sqlResetIdentity + "; " + sqlUnlockAll + "; " + sqlResetRest
 
 // ResetStatements is the number of statements, so of results, in
@@ -30,6 +37,8 @@ const ResetStatements = 8
 const (
 	sqlResetIdentity = "RESET SESSION AUTHORIZATION; RESET ROLE"
 	sqlUnlockAll     = "SELECT pg_catalog.pg_advisory_unlock_all()"
+	// The identity a connection had when first lent (see Conn.Lend).
+	sqlIdentity = "SELECT session_user::text, pg_catalog.current_setting('role')"
 	// The probe: a statement prepared once per connection (see Conn.Lend).
 	// Executing it fails with SQLSTATE 26000 once something has
 	// deallocated every prepared statement of the session, pgx's statement
@@ -42,7 +51,6 @@ const (
 	sqlExecProbe    = "EXECUTE " + probeName
 	sqlResetRest    = "CLOSE ALL; UNLISTEN *; RESET ALL; DISCARD TEMP; DISCARD SEQUENCES"
 	resetSQL        = ResetSQL
-	probeResetSQL   = sqlExecProbe + "; " + ResetSQL
 )
 
 // resetStatements are the statements of the reset one by one, for a
@@ -53,36 +61,81 @@ var resetStatements = [ResetStatements]string{
 	"CLOSE ALL", "UNLISTEN *", "RESET ALL", "DISCARD TEMP", "DISCARD SEQUENCES",
 }
 
-// probeKey is the key of the probe's state in pgconn's per-connection
-// CustomData: probeReady once the probe is prepared, probeUnused where the
-// connection does not use pgx's statement cache (nothing to protect: pgx
-// prepares no named statement there, and under PgBouncer in transaction
-// mode a named statement would not follow the session).
-const probeKey = "pgxlock/pooltx.probe"
+// baselineKey is the key of a connection's *baseline in pgconn's
+// per-connection CustomData, recorded by its first Lend.
+const baselineKey = "pgxlock/pooltx.baseline"
 
-const (
-	probeReady  = 1
-	probeUnused = 2
-)
+// baseline is what the first Lend of a connection recorded: whether the
+// reset's probe is prepared (not where the connection does not use pgx's
+// statement cache: nothing to protect, pgx prepares no named statement
+// there, and under PgBouncer in transaction mode a named statement would
+// not follow the session), and the reset that returns the session to the
+// identity it had then.
+type baseline struct {
+	probe bool
+	reset string                  // the probe (when prepared) and the reset, one simple-protocol string
+	stmts [ResetStatements]string // the reset one by one, for QueueReset (the probe goes before them)
+}
 
-// probe returns the probe's state on c: 0 (not prepared yet), probeReady or
-// probeUnused.
-func (c *Conn) probe() int {
-	v, _ := c.conn.PgConn().CustomData()[probeKey].(int)
-	return v
+// defaultBaseline serves a connection never lent: nothing recorded, the
+// reset names no identity (RESET SESSION AUTHORIZATION, RESET ROLE).
+var defaultBaseline = &baseline{reset: resetSQL, stmts: resetStatements}
+
+// baseline returns c's recorded baseline, or nil before its first Lend.
+func (c *Conn) baseline() *baseline {
+	b, _ := c.conn.PgConn().CustomData()[baselineKey].(*baseline)
+	return b
+}
+
+// base is c's baseline, or the default one before its first Lend.
+func (c *Conn) base() *baseline {
+	if b := c.baseline(); b != nil {
+		return b
+	}
+	return defaultBaseline
+}
+
+// newBaseline returns the baseline of a connection whose session user was
+// sessionUser and role role (current_setting('role'): "none" for none)
+// when first lent; login is the user it authenticated as.
+func newBaseline(probe bool, login, sessionUser, role string) *baseline {
+	b := &baseline{probe: probe, stmts: resetStatements}
+	if sessionUser != login {
+		b.stmts[0] = "SET SESSION AUTHORIZATION " + pgx.Identifier{sessionUser}.Sanitize()
+	}
+	if role == "none" {
+		b.stmts[1] = "SET ROLE NONE"
+	} else {
+		b.stmts[1] = "SET ROLE " + pgx.Identifier{role}.Sanitize()
+	}
+	var sb strings.Builder
+	if probe {
+		sb.WriteString(sqlExecProbe + "; ")
+	}
+	for i, st := range b.stmts {
+		if i > 0 {
+			sb.WriteString("; ")
+		}
+		sb.WriteString(st)
+	}
+	b.reset = sb.String()
+	return b
 }
 
 // Lend returns the connection for code the caller does not control (a
 // callback, or statements of its caller's batch) and records that it was
 // lent: from then on Release runs the whole reset, unless [Conn.Reclaim]
 // finds that the code left the connection as it found it, and
-// [Conn.MarkClean] must not be called. On a connection whose pgx statement cache is in use,
-// the first Lend also prepares the reset's probe (one round trip, once in
-// the connection's life, bounded by the cleanup timeout: ctx contributes
-// only its values), so that a DEALLOCATE ALL run by that code
+// [Conn.MarkClean] must not be called. The first Lend of a connection
+// (once in its life: one round trip, bounded by the cleanup timeout, ctx
+// unused) records the session's identity, session_user and role, so that
+// every later reset returns to that identity, one set in pgxpool's
+// AfterConnect included, never to the authenticated user's; on a
+// connection whose pgx statement cache is in use it also prepares the
+// reset's probe, so that a DEALLOCATE ALL run by lent code
 // is seen by the reset, which then destroys the connection instead of
 // handing the next borrower a statement cache the server no longer has. A
-// failure to prepare marks c dirty. Lend also notes the socket's count of
+// failure there marks c dirty. Lend also notes the socket's count of
 // bytes written, for [Conn.Reclaim]: lent code that sent nothing needs no
 // reset.
 func (c *Conn) Lend(ctx context.Context) *pgx.Conn { return c.lend(ctx, true) }
@@ -105,8 +158,8 @@ func (c *Conn) lend(ctx context.Context, mark bool) *pgx.Conn {
 	if c.dirty != nil || c.conn.IsClosed() {
 		return c.conn
 	}
-	if c.probe() == 0 {
-		c.prepareProbe(ctx)
+	if c.baseline() == nil {
+		c.recordBaseline()
 		if c.dirty != nil {
 			return c.conn
 		}
@@ -117,24 +170,33 @@ func (c *Conn) lend(ctx context.Context, mark bool) *pgx.Conn {
 	return c.conn
 }
 
-// prepareProbe prepares the reset's probe on c, or records that c needs
-// none; see Lend.
-func (c *Conn) prepareProbe(ctx context.Context) {
-	data := c.conn.PgConn().CustomData()
-	if cfg := c.conn.Config(); cfg.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement || cfg.StatementCacheCapacity <= 0 {
-		data[probeKey] = probeUnused
-		return
+// recordBaseline reads c's identity, prepares the reset's probe where c
+// uses pgx's statement cache, and records both; see Lend. It runs under
+// the cleanup bound, not a context: a cancelled ctx must not close a
+// connection that may hold the caller's lock.
+func (c *Conn) recordBaseline() {
+	cfg := c.conn.Config()
+	probe := cfg.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement && cfg.StatementCacheCapacity > 0
+	sql, want := sqlIdentity, 1
+	if probe {
+		sql, want = sqlPrepareProbe+"; "+sqlIdentity, 2
 	}
-	// Under the cleanup bound, not ctx: a cancelled ctx must not close a
-	// connection that may hold the caller's lock.
-	c.BoundCleanup()
-	_, err := execAll(context.WithoutCancel(ctx), c.conn.PgConn(), sqlPrepareProbe)
-	c.EndBound()
+	var sessionUser, role string
+	rows := 0
+	n, err := c.ExecBounded(sql, func(v [][]byte) {
+		rows++
+		if len(v) == 2 && v[0] != nil && v[1] != nil {
+			sessionUser, role = string(v[0]), string(v[1])
+		}
+	})
+	if err == nil && (n != want || rows != 1 || sessionUser == "" || role == "") {
+		err = errors.New("the session's identity could not be read")
+	}
 	if err != nil {
 		c.MarkDirty(&CleanupError{Step: "prepare reset", Err: err})
 		return
 	}
-	data[probeKey] = probeReady
+	c.conn.PgConn().CustomData()[baselineKey] = newBaseline(probe, cfg.User, sessionUser, role)
 }
 
 // Lent reports whether c was handed to code its caller does not control
@@ -148,34 +210,30 @@ func (c *Conn) Lent() bool { return c.lent }
 // its own in the same string and calls [Conn.MarkClean] once every
 // statement has succeeded.
 func (c *Conn) AppendReset(b []byte) []byte {
-	if c.probe() == probeReady {
-		return append(b, probeResetSQL...)
-	}
-	return append(b, resetSQL...)
+	return append(b, c.base().reset...)
 }
 
 // ResetCount is the number of statements, so of results, of the reset
 // [Conn.AppendReset] appends for c: [ResetStatements], plus one for the
 // probe on a connection that has one (see [Conn.Lend]).
 func (c *Conn) ResetCount() int {
-	if c.probe() == probeReady {
+	if c.base().probe {
 		return ResetStatements + 1
 	}
 	return ResetStatements
 }
 
-func (c *Conn) resetSQL() string {
-	if c.probe() == probeReady {
-		return probeResetSQL
-	}
-	return resetSQL
-}
+func (c *Conn) resetSQL() string { return c.base().reset }
 
 // Reset returns the session of c to what a fresh connection of the pool
 // has, in one round trip under ctx:
 //
-//   - identity: RESET SESSION AUTHORIZATION, then RESET ROLE (current_user
-//     and session_user as at connection start);
+//   - identity: session_user and current_user as when c was first lent
+//     ([Conn.Lend]: SET SESSION AUTHORIZATION, then SET ROLE, naming them;
+//     so a role that pgxpool's AfterConnect set is restored, and the
+//     session never goes back to the authenticated user's identity where
+//     it had left it), or, on a connection never lent, as at connection
+//     start (RESET SESSION AUTHORIZATION, then RESET ROLE);
 //   - every session-level advisory lock dropped (pg_advisory_unlock_all);
 //   - every cursor closed (CLOSE ALL), every LISTEN ended (UNLISTEN *);
 //   - every setting restored (RESET ALL);
@@ -214,10 +272,11 @@ func (c *Conn) Reset(ctx context.Context) error {
 // counts as clean once b's results have been read without error; nothing
 // else may run on c between b and Release.
 func (c *Conn) QueueReset(b *pgx.Batch) {
-	if c.probe() == probeReady {
+	base := c.base()
+	if base.probe {
 		b.Queue(sqlExecProbe)
 	}
-	for i, sql := range resetStatements {
+	for i, sql := range base.stmts {
 		q := b.Queue(sql)
 		if i == ResetStatements-1 {
 			q.Exec(func(pgconn.CommandTag) error {
