@@ -51,7 +51,11 @@
 //     grant was revoked since makes the reset fail, which destroys the
 //     connection. RESET ALL alone skips both (they are flagged
 //     NO_RESET_ALL). Identity is never kept, whether changed by SET ROLE,
-//     SET SESSION AUTHORIZATION or set_config('role', ..., false).
+//     SET SESSION AUTHORIZATION or set_config('role', ..., false). (A pool
+//     hook that switches identity per borrower, in PrepareConn or
+//     BeforeAcquire, must set it on every acquire, or undo it in
+//     AfterRelease: what the reset restores is the identity of the
+//     connection's first lend, whichever borrower's that was.)
 //   - Every session-level advisory lock is dropped, every cursor (WITH
 //     HOLD ones) closed, every LISTEN ended, every temporary table dropped,
 //     and the session's sequence state forgotten (currval and lastval are
