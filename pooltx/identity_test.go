@@ -146,3 +146,41 @@ func TestResetToARevokedRoleDestroys(t *testing.T) {
 		return !alive
 	}, 10*time.Second, 5*time.Millisecond, "the session of the destroyed connection ended")
 }
+
+// Lend's doc: a first Lend inside a transaction of the caller's records no
+// identity (a SET LOCAL ROLE may be in force), so a later reset returns to
+// the identity at connection start, not to the local role.
+func TestFirstLendInsideATransactionRecordsNoIdentity(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	other := oddRole(ctx, t, admin)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cfg := pgtest.Config(t)
+			cfg.MaxConns = 1
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			pool := pgtest.NewPool(t, cfg)
+			var login string
+			require.NoError(t, pool.QueryRow(ctx, "SELECT current_user::text").Scan(&login))
+			c, err := pooltx.Acquire(ctx, pool, nil)
+			require.NoError(t, err)
+			tx, err := c.Conn().Begin(ctx)
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, "SET LOCAL ROLE "+pgx.Identifier{other}.Sanitize())
+			require.NoError(t, err)
+			conn := c.Lend(ctx)
+			_, err = conn.Exec(ctx, "SELECT 1")
+			require.NoError(t, err)
+			require.NoError(t, tx.Commit(ctx))
+			require.False(t, c.Release(), "kept")
+			// A later lend and reset on the same connection.
+			require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
+				_, err := c.Conn().Exec(ctx, "SET ROLE "+pgx.Identifier{other}.Sanitize())
+				return err
+			}))
+			var cur string
+			require.NoError(t, pool.QueryRow(ctx, "SELECT current_user::text").Scan(&cur))
+			assert.Equal(t, login, cur, "the identity at connection start, not the SET LOCAL ROLE of the first lend")
+		})
+	}
+}

@@ -77,9 +77,13 @@ type baseline struct {
 	stmts [ResetStatements]string // the reset one by one, for QueueReset (the probe goes before them)
 }
 
-// defaultBaseline serves a connection never lent: nothing recorded, the
-// reset names no identity (RESET SESSION AUTHORIZATION, RESET ROLE).
+// defaultBaseline serves a connection never lent, or first lent inside a
+// transaction: the reset names no identity (RESET SESSION AUTHORIZATION,
+// RESET ROLE).
 var defaultBaseline = &baseline{reset: resetSQL, stmts: resetStatements}
+
+// probeBaseline is defaultBaseline with the probe prepared.
+var probeBaseline = &baseline{probe: true, reset: sqlExecProbe + "; " + resetSQL, stmts: resetStatements}
 
 // baseline returns c's recorded baseline, or nil before its first Lend.
 func (c *Conn) baseline() *baseline {
@@ -130,7 +134,10 @@ func newBaseline(probe bool, login, sessionUser, role string) *baseline {
 // (once in its life: one round trip, bounded by the cleanup timeout, ctx
 // unused) records the session's identity, session_user and role, so that
 // every later reset returns to that identity, one set in pgxpool's
-// AfterConnect included, never to the authenticated user's; on a
+// AfterConnect included, never to the authenticated user's (a first Lend
+// inside a transaction of the caller's, where a SET LOCAL ROLE may be in
+// force, records none: resets then return to the identity at connection
+// start, RESET SESSION AUTHORIZATION and RESET ROLE); on a
 // connection whose pgx statement cache is in use it also prepares the
 // reset's probe, so that a DEALLOCATE ALL run by lent code
 // is seen by the reset, which then destroys the connection instead of
@@ -177,6 +184,24 @@ func (c *Conn) lend(ctx context.Context, mark bool) *pgx.Conn {
 func (c *Conn) recordBaseline() {
 	cfg := c.conn.Config()
 	probe := cfg.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement && cfg.StatementCacheCapacity > 0
+	data := c.conn.PgConn().CustomData()
+	if c.conn.PgConn().TxStatus() != 'I' {
+		// Lent inside a transaction of the caller's (this package's own
+		// lends come before BEGIN): a SET LOCAL ROLE may be in force, so
+		// the identity read now need not be the session's. Such a
+		// connection's reset names none (RESET SESSION AUTHORIZATION,
+		// RESET ROLE).
+		if probe {
+			if _, err := c.ExecBounded(sqlPrepareProbe, nil); err != nil {
+				c.MarkDirty(&CleanupError{Step: "prepare reset", Err: err})
+				return
+			}
+			data[baselineKey] = probeBaseline
+			return
+		}
+		data[baselineKey] = defaultBaseline
+		return
+	}
 	sql, want := sqlIdentity, 1
 	if probe {
 		sql, want = sqlPrepareProbe+"; "+sqlIdentity, 2
@@ -196,7 +221,7 @@ func (c *Conn) recordBaseline() {
 		c.MarkDirty(&CleanupError{Step: "prepare reset", Err: err})
 		return
 	}
-	c.conn.PgConn().CustomData()[baselineKey] = newBaseline(probe, cfg.User, sessionUser, role)
+	data[baselineKey] = newBaseline(probe, cfg.User, sessionUser, role)
 }
 
 // Lent reports whether c was handed to code its caller does not control
