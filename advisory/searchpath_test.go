@@ -253,3 +253,40 @@ func TestSearchPathCannotRedirectTheStatements(t *testing.T) {
 		})
 	}
 }
+
+// The statements pooltx runs around a lent connection (the first Lend's
+// reading of the session's identity, the reset) are named in pg_catalog
+// too: against the shadowing schema, the connection of a helper whose
+// callback ran SQL goes back to the pool, every time (a statement that a
+// shadow broke would have destroyed it).
+func TestSearchPathCannotBreakTheReset(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	schema := hijackSchema(ctx, t, admin)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cfg := pgtest.Config(t)
+			cfg.MaxConns = 1
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			cfg.ConnConfig.RuntimeParams["search_path"] = schema + ", pg_catalog"
+			pool := pgtest.NewPool(t, cfg)
+			l := newLocker(t, pool, advisory.Config{})
+			var pids []uint32
+			for range 3 {
+				require.NoError(t, l.WithLock(ctx, key(t), nil, func(ctx context.Context, c *pgx.Conn) error {
+					pids = append(pids, c.PgConn().PID())
+					_, err := c.Exec(ctx, "SELECT 1")
+					return err
+				}))
+				require.NoError(t, l.WithXactLock(ctx, key(t), nil, func(ctx context.Context, tx pgx.Tx) error {
+					pids = append(pids, tx.Conn().PgConn().PID())
+					_, err := tx.Exec(ctx, "SELECT 1")
+					return err
+				}))
+			}
+			for _, pid := range pids {
+				assert.Equal(t, pids[0], pid, "one connection served every call: none was destroyed")
+			}
+		})
+	}
+}

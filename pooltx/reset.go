@@ -38,7 +38,7 @@ const (
 	sqlResetIdentity = "RESET SESSION AUTHORIZATION; RESET ROLE"
 	sqlUnlockAll     = "SELECT pg_catalog.pg_advisory_unlock_all()"
 	// The identity a connection had when first lent (see Conn.Lend).
-	sqlIdentity = "SELECT session_user::text, pg_catalog.current_setting('role')"
+	sqlIdentity = "SELECT session_user::pg_catalog.text, pg_catalog.current_setting('role')"
 	// The probe: a statement prepared once per connection (see Conn.Lend).
 	// Executing it fails with SQLSTATE 26000 once something has
 	// deallocated every prepared statement of the session, pgx's statement
