@@ -32,7 +32,10 @@
 // QueryExecModeSimpleProtocol, once each connection has been lent to a
 // callback or batch for the first time (that first time costs one round
 // trip more, once in the connection's life: pooltx's Conn.Lend records the
-// session's identity then). QueryExecModeDescribeExec describes every
+// session's identity then), and once a Locker has made its first
+// session-scope call (that call costs one round trip more, once per
+// Locker: it checks whether a connection proxy sits between the client
+// and the server). QueryExecModeDescribeExec describes every
 // statement first, so each extended-protocol statement or pipeline the
 // library sends (a lock, an unlock, BEGIN with the lock, a batch, the
 // savepoint of an in-transaction call) costs one round trip more there, as

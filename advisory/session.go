@@ -96,7 +96,7 @@ func (l *Locker) TryWithLockAll(ctx context.Context, ks []keys.Key, opts *Option
 }
 
 func (l *Locker) connOptions() *pooltx.ConnOptions {
-	return &pooltx.ConnOptions{CleanupTimeout: l.cfg.CleanupTimeout}
+	return &pooltx.ConnOptions{CleanupTimeout: l.cfg.CleanupTimeout, DeferIdentity: true}
 }
 
 func (l *Locker) withSession(ctx context.Context, a *acquired, ks []keys.Key, opts *Options, try bool, fn func(ctx context.Context, conn *pgx.Conn) error) error {

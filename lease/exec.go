@@ -106,7 +106,7 @@ const (
 // connection that could not be acquired means nothing was sent (see
 // outcomeUnknown).
 func exec(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration, w wait, queue func(b *pgx.Batch)) error {
-	c, err := pooltx.Acquire(ctx, pool, &pooltx.ConnOptions{CleanupTimeout: cleanup})
+	c, err := pooltx.Acquire(ctx, pool, &pooltx.ConnOptions{CleanupTimeout: cleanup, DeferIdentity: true})
 	if err != nil {
 		return errNothingSent{err}
 	}

@@ -24,6 +24,17 @@ type ConnOptions struct {
 	// CleanupTimeout bounds each cleanup step run on the connection after
 	// the work. Zero means DefaultCleanupTimeout.
 	CleanupTimeout time.Duration
+
+	// DeferIdentity vouches that the caller sends nothing that changes the
+	// session's identity (SET ROLE, SET SESSION AUTHORIZATION,
+	// set_config('role', ...)) on the connection before it lends it
+	// ([Conn.Lend]) or releases it. The connection's identity is then
+	// recorded by its first Lend rather than by [Acquire] (which saves
+	// Acquire's round trip on a connection's first pin), and a reset
+	// before any Lend recorded one leaves identity as it is. Package
+	// advisory and package lease set it: their own statements change no
+	// identity.
+	DeferIdentity bool
 }
 
 func (o *ConnOptions) cleanupTimeout() time.Duration {
@@ -69,6 +80,8 @@ type Conn struct {
 
 	query pgproto3.Query // the reset's message (resetBounded), kept here: no allocation
 	bound cutoff.Bound   // the cleanup bound in progress (BoundCleanup)
+
+	deferIdentity bool // ConnOptions.DeferIdentity
 }
 
 // BoundCleanup bounds what runs on c from now until [Conn.EndBound] by the
@@ -88,8 +101,15 @@ func (c *Conn) BoundCleanup() { c.bound.Start(c.conn.PgConn().Conn(), c.timeout)
 func (c *Conn) EndBound() { c.bound.End() }
 
 // Acquire pins one connection of pool. ctx governs only the wait for a
-// connection. The caller must call [Conn.Release] exactly once (more calls
-// are harmless).
+// connection. On a connection's first pin (once in its life) Acquire also
+// records the session's identity, session_user and role, in one round
+// trip bounded by the cleanup timeout (and, where pgx's statement cache is
+// in use, prepares the reset's probe in the same one), so that every
+// later reset returns to that identity, one set in pgxpool's AfterConnect
+// included, and undoes what the caller's own statements changed;
+// [ConnOptions.DeferIdentity] defers this to the first [Conn.Lend]. A
+// failure there marks the connection dirty. The caller must call
+// [Conn.Release] exactly once (more calls are harmless).
 func Acquire(ctx context.Context, pool *pgxpool.Pool, opts *ConnOptions) (*Conn, error) {
 	if pool == nil {
 		return nil, errors.New("pooltx: nil pool")
@@ -98,7 +118,11 @@ func Acquire(ctx context.Context, pool *pgxpool.Pool, opts *ConnOptions) (*Conn,
 	if err != nil {
 		return nil, fmt.Errorf("pooltx: acquire connection: %w", err)
 	}
-	return &Conn{pc: pc, conn: pc.Conn(), timeout: opts.cleanupTimeout()}, nil
+	c := &Conn{pc: pc, conn: pc.Conn(), timeout: opts.cleanupTimeout(), deferIdentity: opts != nil && opts.DeferIdentity}
+	if !c.deferIdentity && c.baseline() == nil {
+		c.recordBaseline() // a failure marks c dirty: Release destroys it
+	}
+	return c, nil
 }
 
 // Conn returns the underlying connection. It must not be used after

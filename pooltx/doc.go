@@ -74,7 +74,11 @@
 //     first; after a DEALLOCATE ALL it is gone, the reset fails and the
 //     connection is destroyed, so the next borrower's cached statements do
 //     not fail with 26000. The probe runs before the rest of the reset, so
-//     a statement the work prepared under its name does no lasting harm.
+//     what a statement the work prepared under its name does (a lock, a
+//     role, a setting) the rest of the reset undoes; but such a statement
+//     stays prepared and runs at the start of every later reset, under
+//     the session state later work left (see below: lent code can plant
+//     statements that later borrowers run).
 //   - pgx's queue of notifications received for the work's LISTENs is
 //     emptied when the connection goes back (the reset's UNLISTEN * ends
 //     the registrations, not what had already arrived).
@@ -150,6 +154,25 @@
 //     next borrower's statement fails with 26000, or runs the other
 //     statement. The server's own statements are not for the work to
 //     replace; the reset cannot tell them apart cheaply.
+//   - Lent code can plant statements that later borrowers run: one
+//     prepared under one of pgx's statement names runs in their queries
+//     (above), one prepared under the probe's name at the start of every
+//     later reset. Lend connections only to code you trust as much as
+//     the pool's other users.
+//   - What the session loaded or opened beyond SQL state: a library LOADed
+//     (auto_explain, passwordcheck, plpgsql by any DO block: their
+//     settings exist for later borrowers), connections opened by dblink or
+//     postgres_fdw (and whatever they hold, such as advisory locks taken
+//     through them: those belong to the other session), a replication
+//     origin set up for the session (pg_replication_origin_session_setup)
+//     and temporary replication slots, and the session's temporary schema
+//     once assigned (DISCARD TEMP empties it; pg_my_temp_schema() stays
+//     set). Work that uses them must undo them itself, or make the
+//     connection go (pgxpool's Conn.Hijack, or an error that destroys it).
+//   - State AfterConnect created other than identity: a SET (above), and
+//     a temporary table or LISTEN it made are gone after the first reset,
+//     as after DISCARD ALL; create such state per use, not per
+//     connection.
 //   - State of the *pgx.Conn on the client: types registered on its
 //     TypeMap, its PgConn's CustomData, options set on its socket.
 //     Register types in pgxpool's AfterConnect, for every connection

@@ -162,7 +162,7 @@ func TestFirstLendInsideATransactionRecordsNoIdentity(t *testing.T) {
 			pool := pgtest.NewPool(t, cfg)
 			var login string
 			require.NoError(t, pool.QueryRow(ctx, "SELECT current_user::text").Scan(&login))
-			c, err := pooltx.Acquire(ctx, pool, nil)
+			c, err := pooltx.Acquire(ctx, pool, &pooltx.ConnOptions{DeferIdentity: true})
 			require.NoError(t, err)
 			tx, err := c.Conn().Begin(ctx)
 			require.NoError(t, err)
@@ -183,4 +183,27 @@ func TestFirstLendInsideATransactionRecordsNoIdentity(t *testing.T) {
 			assert.Equal(t, login, cur, "the identity at connection start, not the SET LOCAL ROLE of the first lend")
 		})
 	}
+}
+
+// Acquire's doc (review round 11): a connection's first pin records its
+// identity, so a Reset of a connection never lent returns to the role
+// AfterConnect set, not the login user's (before, RESET ROLE dropped it).
+func TestResetOnANeverLentConnectionKeepsTheAfterConnectRole(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	base := oddRole(ctx, t, admin)
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "SET ROLE "+pgx.Identifier{base}.Sanitize())
+		return err
+	}
+	pool := pgtest.NewPool(t, cfg)
+	c, err := pooltx.Acquire(ctx, pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, c.Reset(ctx))
+	require.False(t, c.Release())
+	var cur string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_user::text").Scan(&cur))
+	assert.Equal(t, base, cur)
 }

@@ -73,17 +73,23 @@ const baselineKey = "pgxlock/pooltx.baseline"
 // identity it had then.
 type baseline struct {
 	probe bool
-	reset string                  // the probe (when prepared) and the reset, one simple-protocol string
-	stmts [ResetStatements]string // the reset one by one, for QueueReset (the probe goes before them)
+	reset string   // the probe (when prepared) and the reset, one simple-protocol string
+	stmts []string // the reset one by one, for QueueReset (the probe goes before them)
 }
 
-// defaultBaseline serves a connection never lent, or first lent inside a
-// transaction: the reset names no identity (RESET SESSION AUTHORIZATION,
-// RESET ROLE).
-var defaultBaseline = &baseline{reset: resetSQL, stmts: resetStatements}
+// defaultBaseline serves a connection whose identity could not be recorded
+// (first lent inside a transaction, with ConnOptions.DeferIdentity): the
+// reset names no identity (RESET SESSION AUTHORIZATION, RESET ROLE).
+var defaultBaseline = &baseline{reset: resetSQL, stmts: resetStatements[:]}
 
 // probeBaseline is defaultBaseline with the probe prepared.
-var probeBaseline = &baseline{probe: true, reset: sqlExecProbe + "; " + resetSQL, stmts: resetStatements}
+var probeBaseline = &baseline{probe: true, reset: sqlExecProbe + "; " + resetSQL, stmts: resetStatements[:]}
+
+// sameIdentityBaseline serves a connection pinned with
+// ConnOptions.DeferIdentity before any Lend recorded its identity: only
+// the caller's own statements ran, which changed none, so the reset leaves
+// identity as it is.
+var sameIdentityBaseline = &baseline{reset: sqlUnlockAll + "; " + sqlResetRest, stmts: resetStatements[2:]}
 
 // baseline returns c's recorded baseline, or nil before its first Lend.
 func (c *Conn) baseline() *baseline {
@@ -91,10 +97,14 @@ func (c *Conn) baseline() *baseline {
 	return b
 }
 
-// base is c's baseline, or the default one before its first Lend.
+// base is c's baseline or, before one was recorded, the reset that keeps
+// identity (ConnOptions.DeferIdentity) or names none.
 func (c *Conn) base() *baseline {
 	if b := c.baseline(); b != nil {
 		return b
+	}
+	if c.deferIdentity {
+		return sameIdentityBaseline
 	}
 	return defaultBaseline
 }
@@ -103,7 +113,7 @@ func (c *Conn) base() *baseline {
 // sessionUser and role role (current_setting('role'): "none" for none)
 // when first lent; login is the user it authenticated as.
 func newBaseline(probe bool, login, sessionUser, role string) *baseline {
-	b := &baseline{probe: probe, stmts: resetStatements}
+	b := &baseline{probe: probe, stmts: append([]string(nil), resetStatements[:]...)}
 	if sessionUser != login {
 		b.stmts[0] = "SET SESSION AUTHORIZATION " + pgx.Identifier{sessionUser}.Sanitize()
 	}
@@ -130,9 +140,11 @@ func newBaseline(probe bool, login, sessionUser, role string) *baseline {
 // callback, or statements of its caller's batch) and records that it was
 // lent: from then on Release runs the whole reset, unless [Conn.Reclaim]
 // finds that the code left the connection as it found it, and
-// [Conn.MarkClean] must not be called. The first Lend of a connection
-// (once in its life: one round trip, bounded by the cleanup timeout, ctx
-// unused) records the session's identity, session_user and role, so that
+// [Conn.MarkClean] must not be called. On a connection pinned with
+// [ConnOptions.DeferIdentity], the first Lend (once in the connection's
+// life: one round trip, bounded by the cleanup timeout, ctx unused) records
+// the session's identity, session_user and role, as [Acquire] does
+// otherwise, so that
 // every later reset returns to that identity, one set in pgxpool's
 // AfterConnect included, never to the authenticated user's (a first Lend
 // inside a transaction of the caller's, where a SET LOCAL ROLE may be in
@@ -239,13 +251,16 @@ func (c *Conn) AppendReset(b []byte) []byte {
 }
 
 // ResetCount is the number of statements, so of results, of the reset
-// [Conn.AppendReset] appends for c: [ResetStatements], plus one for the
+// [Conn.AppendReset] appends for c: [ResetStatements] (two fewer, the
+// identity's, on a connection pinned with [ConnOptions.DeferIdentity]
+// whose identity no Lend has recorded yet), plus one for the
 // probe on a connection that has one (see [Conn.Lend]).
 func (c *Conn) ResetCount() int {
-	if c.base().probe {
-		return ResetStatements + 1
+	b := c.base()
+	if b.probe {
+		return len(b.stmts) + 1
 	}
-	return ResetStatements
+	return len(b.stmts)
 }
 
 func (c *Conn) resetSQL() string { return c.base().reset }
@@ -253,12 +268,16 @@ func (c *Conn) resetSQL() string { return c.base().reset }
 // Reset returns the session of c to what a fresh connection of the pool
 // has, in one round trip under ctx:
 //
-//   - identity: session_user and current_user as when c was first lent
-//     ([Conn.Lend]: SET SESSION AUTHORIZATION, then SET ROLE, naming them;
-//     so a role that pgxpool's AfterConnect set is restored, and the
-//     session never goes back to the authenticated user's identity where
-//     it had left it), or, on a connection never lent, as at connection
-//     start (RESET SESSION AUTHORIZATION, then RESET ROLE);
+//   - identity: session_user and current_user as recorded by the
+//     connection's first pin ([Acquire]) or, with
+//     [ConnOptions.DeferIdentity], its first [Conn.Lend] (SET SESSION
+//     AUTHORIZATION, then SET ROLE, naming them, by name; so a role that
+//     pgxpool's AfterConnect set is restored, and the session never goes
+//     back to the authenticated user's identity where it had left it);
+//     with DeferIdentity and nothing recorded yet, left as it is; where
+//     nothing could be recorded (a first Lend inside the caller's
+//     transaction), as at connection start (RESET SESSION AUTHORIZATION,
+//     then RESET ROLE);
 //   - every session-level advisory lock dropped (pg_advisory_unlock_all);
 //   - every cursor closed (CLOSE ALL), every LISTEN ended (UNLISTEN *);
 //   - every setting restored (RESET ALL);
@@ -303,7 +322,7 @@ func (c *Conn) QueueReset(b *pgx.Batch) {
 	}
 	for i, sql := range base.stmts {
 		q := b.Queue(sql)
-		if i == ResetStatements-1 {
+		if i == len(base.stmts)-1 {
 			q.Exec(func(pgconn.CommandTag) error {
 				c.clean = true
 				return nil
