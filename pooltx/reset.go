@@ -17,7 +17,7 @@ import (
 // ("...; " + the reset, one round trip) and call [Conn.MarkClean] once the
 // whole string has succeeded; [Conn.AppendReset] appends the form fit for
 // its connection, which also detects a DEALLOCATE ALL and restores the
-// identity the connection had when first lent.
+// identity recorded at the connection's first pin ([Acquire]).
 //
 // The order matters: RESET SESSION AUTHORIZATION goes back to the
 // authenticated user (which may leave role at none), RESET ROLE then restores the
@@ -26,8 +26,9 @@ import (
 // NO_RESET_ALL). A connection whose identity was changed before it was
 // first lent (a SET ROLE or SET SESSION AUTHORIZATION in pgxpool's
 // AfterConnect) would go back to the authenticated user's: [Conn.Reset]
-// and [Conn.AppendReset] name the identity the connection had at its
-// first [Conn.Lend] instead.
+// and [Conn.AppendReset] name the identity recorded at its first pin
+// ([Acquire]; with [ConnOptions.DeferIdentity], its first [Conn.Lend])
+// instead.
 const ResetSQL = sqlResetIdentity + "; " + sqlUnlockAll + "; " + sqlResetRest
 
 // ResetStatements is the number of statements, so of results, in
@@ -37,7 +38,7 @@ const ResetStatements = 8
 const (
 	sqlResetIdentity = "RESET SESSION AUTHORIZATION; RESET ROLE"
 	sqlUnlockAll     = "SELECT pg_catalog.pg_advisory_unlock_all()"
-	// The identity a connection had when first lent (see Conn.Lend).
+	// The identity of a connection at its first pin (see Acquire).
 	sqlIdentity = "SELECT session_user::pg_catalog.text, pg_catalog.current_setting('role')"
 	// The probe: a statement prepared once per connection (see Conn.Lend).
 	// Executing it fails with SQLSTATE 26000 once something has
@@ -62,10 +63,11 @@ var resetStatements = [ResetStatements]string{
 }
 
 // baselineKey is the key of a connection's *baseline in pgconn's
-// per-connection CustomData, recorded by its first Lend.
+// per-connection CustomData, recorded by its first pin (Acquire) or, with
+// ConnOptions.DeferIdentity, its first Lend.
 const baselineKey = "pgxlock/pooltx.baseline"
 
-// baseline is what the first Lend of a connection recorded: whether the
+// baseline is what a connection's first pin (or Lend) recorded: whether the
 // reset's probe is prepared (not where the connection does not use pgx's
 // statement cache: nothing to protect, pgx prepares no named statement
 // there, and under PgBouncer in transaction mode a named statement would
@@ -151,7 +153,7 @@ func newBaseline(probe bool, login, sessionUser, role string) *baseline {
 // force, records none: resets then return to the identity at connection
 // start, RESET SESSION AUTHORIZATION and RESET ROLE); on a
 // connection whose pgx statement cache is in use it also prepares the
-// reset's probe, so that a DEALLOCATE ALL run by lent code
+// reset's probe (as Acquire does), so that a DEALLOCATE ALL run by lent code
 // is seen by the reset, which then destroys the connection instead of
 // handing the next borrower a statement cache the server no longer has. A
 // failure there marks c dirty. Lend also notes the socket's count of
