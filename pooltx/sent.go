@@ -1,6 +1,9 @@
 package pooltx
 
-import "time"
+import (
+	"errors"
+	"time"
+)
 
 // Whether lent code left the connection as it found it.
 //
@@ -19,6 +22,9 @@ import "time"
 // socket is cleared. Where the counts cannot be read (another OS, a
 // Unix-domain socket, a DialFunc whose net.Conn does not unwrap to a
 // *net.TCPConn by NetConn methods), the reset always runs.
+
+// errReadEnded: Reclaim found the connection's read side over.
+var errReadEnded = errors.New("the connection's read side has ended")
 
 // meterKey is the key of a connection's *meter in pgconn's per-connection
 // CustomData.
@@ -74,7 +80,9 @@ func (c *Conn) markSent() {
 // next borrower then finds it ended, as it would find an idle connection
 // of the pool whose session ended; pgxpool pings a connection idle for
 // over a second before it hands it out.) A failed flush marks
-// c dirty. Nothing else may have used the connection since Lend (a
+// c dirty, and so does a read side found over (shut down, or ended by the
+// server with nothing before its FIN): the connection is destroyed rather
+// than reset, since no answer on it can be relied on. Nothing else may have used the connection since Lend (a
 // goroutine the code started must not use it after the code returned); a
 // net.Conn of a custom DialFunc that unwraps by a NetConn method must not
 // buffer writes.
@@ -101,7 +109,17 @@ func (c *Conn) Reclaim() (quiet bool) {
 	}
 	m := c.meter()
 	n, ok := m.traffic()
-	if !ok || n != c.mark || !m.nothingToRead() {
+	if !ok || n != c.mark {
+		return false
+	}
+	if !m.nothingToRead() {
+		if m.readEnded() {
+			// Its read side is over (shut down, or the server's FIN with
+			// nothing before it): no answer can be relied on, the reset's
+			// included (after shutdown(SHUT_RD) Linux still delivers what
+			// arrives before a read asks, so a reset could seem to succeed).
+			c.MarkDirty(&CleanupError{Step: "reclaim", Err: errReadEnded})
+		}
 		return false
 	}
 	c.lent = false

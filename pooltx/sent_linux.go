@@ -23,6 +23,7 @@ type meter struct {
 	peek  func(fd uintptr)
 	buf   [1]byte
 	empty bool // the last peek found nothing to read and no end of stream
+	ended bool // the last peek found the end of stream: the read side is over
 }
 
 // newMeter returns a meter for nc, or nil when nc is not a TCP socket
@@ -101,9 +102,10 @@ func (m *meter) traffic() (traffic, bool) {
 // shutdown(SHUT_RD), which leaves the TCP state ESTABLISHED): only EAGAIN
 // means neither.
 func (m *meter) peekFD(fd uintptr) {
-	_, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&m.buf[0])), 1,
+	n, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&m.buf[0])), 1,
 		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 	m.empty = e == unix.EAGAIN
+	m.ended = e == 0 && n == 0
 }
 
 // nothingToRead reports whether the socket has nothing to read and its
@@ -117,3 +119,9 @@ func (m *meter) nothingToRead() bool {
 	}
 	return m.empty
 }
+
+// readEnded reports whether the peek of the last nothingToRead found the
+// end of stream (a FIN received with nothing before it, or the read side
+// shut down): nothing more can be read from the socket, or, after
+// shutdown(SHUT_RD), only what happens to arrive before a read asks.
+func (m *meter) readEnded() bool { return m.ended }

@@ -12,3 +12,5 @@ func newMeter(net.Conn) *meter { return nil }
 func (*meter) traffic() (traffic, bool) { return traffic{}, false }
 
 func (*meter) nothingToRead() bool { return false }
+
+func (*meter) readEnded() bool { return false }
