@@ -8,26 +8,23 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlock/pgxlock/advisory"
-	"github.com/pgxlock/pgxlock/internal/pgtest"
 	"github.com/pgxlock/pgxlock/keys"
 )
 
 // Review round 11, outcome "expired context": a WithLock whose bound expires
 // after it pinned the connection but before its lock statement was sent
 // ("Given up before the lock statement was sent: send nothing") releases a
-// connection never lent, whose reset names no identity: the next borrower
-// gets the login user. Tiny timeouts on a fresh Locker (whose first call
+// connection never lent, whose reset named no identity before: the next
+// borrower got the login user. Tiny timeouts on a fresh Locker (whose first call
 // also runs the proxy check) hit the window.
 func TestWithLockExpiredBeforeLockStatementKeepsAfterConnectRole(t *testing.T) {
 	ctx := testCtx(t)
 	role := firstUseRole(ctx, t, newProbe(t).pool)
-	pool := afterConnectRolePool(t, role)
-	cur0, pid0 := whoAndPID(ctx, t, pool)
-	require.Equal(t, role, cur0)
+	pool := afterConnectRolePool(t, role, nil)
+	pid0 := requireRole(ctx, t, pool, role)
 	hits := 0
 	for i := 0; i < 2000; i++ {
 		l, err := advisory.New(pool, advisory.Config{})
@@ -49,36 +46,21 @@ func TestWithLockExpiredBeforeLockStatementKeepsAfterConnectRole(t *testing.T) {
 
 // Deterministic form: a PrepareConn hook that only waits (it runs no
 // statement) lets the call's bound expire between the pin and the first
-// statement; the call sends nothing, yet the connection comes back with
-// the login user's identity.
+// statement; the call sends nothing, and before, the connection came back
+// with the login user's identity.
 func TestWithLockBoundExpiredAfterPinKeepsAfterConnectRole(t *testing.T) {
 	ctx := testCtx(t)
 	role := firstUseRole(ctx, t, newProbe(t).pool)
-	cfg := pgtest.Config(t)
-	cfg.MaxConns = 1
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, "SET ROLE "+pgx.Identifier{role}.Sanitize())
-		return err
-	}
 	var slow atomic.Bool
-	cfg.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
-		if slow.Load() {
-			time.Sleep(30 * time.Millisecond)
-		}
-		return true, nil
-	}
-	pool := pgtest.NewPool(t, cfg)
-	cur0, pid0 := whoAndPID(ctx, t, pool)
-	require.Equal(t, role, cur0)
+	pool := afterConnectRolePool(t, role, &slow)
+	pid0 := requireRole(ctx, t, pool, role)
 	l := newLocker(t, pool, advisory.Config{})
 	slow.Store(true)
 	err := l.WithLock(ctx, key(t), &advisory.Options{Timeout: 10 * time.Millisecond}, func(context.Context, *pgx.Conn) error { return nil })
 	slow.Store(false)
 	require.Error(t, err)
 	t.Logf("WithLock: %v", err)
-	cur, pid := whoAndPID(ctx, t, pool)
-	assert.Equal(t, pid0, pid, "same connection kept")
-	assert.Equal(t, role, cur, "current_user of the next borrower after a WithLock whose bound expired before it sent anything")
+	assertKept(ctx, t, pool, pid0, role, "a WithLock whose bound expired before it sent anything")
 }
 
 // The same slow-PrepareConn window, every helper that takes a bound.
@@ -119,35 +101,20 @@ func TestEveryHelperBoundExpiredAfterPinKeepsAfterConnectRole(t *testing.T) {
 	for _, checked := range []bool{false, true} {
 		for _, h := range helpers {
 			t.Run(fmt.Sprintf("proxyChecked=%v/%s", checked, h.name), func(t *testing.T) {
-				cfg := pgtest.Config(t)
-				cfg.MaxConns = 1
-				cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-					_, err := c.Exec(ctx, "SET ROLE "+pgx.Identifier{role}.Sanitize())
-					return err
-				}
 				var slow atomic.Bool
-				cfg.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
-					if slow.Load() {
-						time.Sleep(30 * time.Millisecond)
-					}
-					return true, nil
-				}
-				pool := pgtest.NewPool(t, cfg)
+				pool := afterConnectRolePool(t, role, &slow)
 				l := newLocker(t, pool, advisory.Config{})
 				if checked { // a first call that runs the proxy check and sends nothing else lent
 					hd, err := l.Lock(ctx, key(t), nil)
 					require.NoError(t, err)
 					require.NoError(t, hd.Unlock(ctx))
 				}
-				cur0, pid0 := whoAndPID(ctx, t, pool)
-				require.Equal(t, role, cur0)
+				pid0 := requireRole(ctx, t, pool, role)
 				slow.Store(true)
 				err := h.run(l, &advisory.Options{Timeout: 10 * time.Millisecond})
 				slow.Store(false)
 				t.Logf("%s: %v", h.name, err)
-				cur, pid := whoAndPID(ctx, t, pool)
-				assert.Equal(t, pid0, pid, "same connection kept")
-				assert.Equal(t, role, cur, "current_user of the next borrower after %s whose bound expired after the pin", h.name)
+				assertKept(ctx, t, pool, pid0, role, h.name+" whose bound expired after the pin")
 			})
 		}
 	}

@@ -159,11 +159,11 @@ func newBaseline(probe bool, login, sessionUser, role string) *baseline {
 // failure there marks c dirty. Lend also notes the socket's count of
 // bytes written, for [Conn.Reclaim]: lent code that sent nothing needs no
 // reset.
-func (c *Conn) Lend(ctx context.Context) *pgx.Conn { return c.lend(ctx, true) }
+func (c *Conn) Lend(ctx context.Context) *pgx.Conn { return c.lend(true) }
 
 // lend is Lend; mark false leaves the count for Reclaim unnoted (Tx notes
 // it after its own BEGIN).
-func (c *Conn) lend(ctx context.Context, mark bool) *pgx.Conn {
+func (c *Conn) lend(mark bool) *pgx.Conn {
 	if c.lent {
 		// Lent again, and not found quiet since: the counts of the Lend
 		// that began the lending stand (or, where Reclaim found something

@@ -119,7 +119,7 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 	// vouched for by Tx (WithTx vouches for a connection fresh from the
 	// pool with MarkClean).
 	c.txClean = c.clean
-	c.lend(ctx, !own) // fn gets the transaction, and with it the connection
+	c.lend(!own) // fn gets the transaction, and with it the connection
 	if own {
 		c.lent = false
 	}
