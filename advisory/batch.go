@@ -320,6 +320,11 @@ func (x *batchAttempt) run(b *pgx.Batch) error {
 	}
 	// b's statements are the caller's: the full reset follows them.
 	pg := c.Lend(ctx).PgConn()
+	if derr := c.Dirty(); derr != nil {
+		// pooltx could not ready the connection (its first Lend failed,
+		// and closed it): nothing was sent.
+		return &LockError{Op: x.op, Keys: x.s.all, Err: noConnection(derr)}
+	}
 	// One watcher covers the whole pipeline: ctx's end (cancellation or
 	// deadline) sends a cancel request. The call's timeout is enforced by
 	// the server alone (lock_timeout), as it bounds only the lock wait: the

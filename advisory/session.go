@@ -119,7 +119,18 @@ func (l *Locker) withSession(ctx context.Context, a *acquired, ks []keys.Key, op
 			l.unpin(a.c)
 		}
 	}()
-	fnErr := fn(ctx, a.c.Lend(ctx))
+	conn := a.c.Lend(ctx)
+	if derr := a.c.Dirty(); derr != nil {
+		// pooltx could not ready the connection for fn (its first Lend
+		// failed, and closed it, ending the session and the lock): fn
+		// does not run.
+		panicked = false
+		err := &LockError{Op: opName(sessionOp(try), a.shared), Keys: a.s.all, Err: noConnection(derr)}
+		a.span.released(err)
+		l.unpin(a.c)
+		return err
+	}
+	fnErr := fn(ctx, conn)
 	panicked = false
 	a.c.Reclaim() // fn sent nothing on the connection: the unlock alone, no reset
 	txErr := l.endLeftTx(ctx, a)

@@ -103,12 +103,14 @@ func (c *Conn) EndBound() { c.bound.End() }
 // Acquire pins one connection of pool. ctx governs only the wait for a
 // connection. On a connection's first pin (once in its life) Acquire also
 // records the session's identity, session_user and role, in one round
-// trip bounded by the cleanup timeout (and, where pgx's statement cache is
+// trip bounded by the cleanup timeout and ctx's deadline, whichever comes
+// first (and, where pgx's statement cache is
 // in use, prepares the reset's probe in the same one), so that every
 // later reset returns to that identity, one set in pgxpool's AfterConnect
 // included, and undoes what the caller's own statements changed;
-// [ConnOptions.DeferIdentity] defers this to the first [Conn.Lend]. A
-// failure there marks the connection dirty. The caller must call
+// [ConnOptions.DeferIdentity] defers this to the first [Conn.Lend]. If
+// that read fails, the connection is destroyed and Acquire returns the
+// error (with ctx's, where ctx ended). The caller must call
 // [Conn.Release] exactly once (more calls are harmless).
 func Acquire(ctx context.Context, pool *pgxpool.Pool, opts *ConnOptions) (*Conn, error) {
 	if pool == nil {
@@ -120,7 +122,17 @@ func Acquire(ctx context.Context, pool *pgxpool.Pool, opts *ConnOptions) (*Conn,
 	}
 	c := &Conn{pc: pc, conn: pc.Conn(), timeout: opts.cleanupTimeout(), deferIdentity: opts != nil && opts.DeferIdentity}
 	if !c.deferIdentity && c.baseline() == nil {
-		c.recordBaseline() // a failure marks c dirty: Release destroys it
+		within := c.timeout
+		if d, ok := ctx.Deadline(); ok && time.Until(d) < within {
+			within = max(time.Until(d), time.Millisecond)
+		}
+		if err := c.recordBaseline(within); err != nil {
+			c.Release() // destroys it
+			if cerr := ctx.Err(); cerr != nil {
+				return nil, fmt.Errorf("pooltx: acquire connection: %w: %w", err, cerr)
+			}
+			return nil, fmt.Errorf("pooltx: acquire connection: %w", err)
+		}
 	}
 	return c, nil
 }
@@ -169,6 +181,13 @@ func (c *Conn) Release() (destroyed bool) {
 	}
 	pc := c.pc
 	c.pc = nil
+	if c.wasLent && c.dirty == nil && !c.conn.IsClosed() {
+		// A deadline lent code left on the socket (a batch's reader, say,
+		// which no Reclaim follows) must not reach the next borrower.
+		if err := pg.Conn().SetDeadline(time.Time{}); err != nil {
+			c.MarkDirty(&CleanupError{Step: "release", Err: err})
+		}
+	}
 	if c.dirty == nil && !c.conn.IsClosed() && !pg.IsBusy() && pg.TxStatus() == 'I' {
 		if c.wasLent && !c.quiet {
 			dropNotifications(c.conn)

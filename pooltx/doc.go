@@ -33,13 +33,15 @@
 //
 // (preceded by EXECUTE pgxlock_reset, the probe below, on a connection that
 // uses pgx's statement cache; the first two statements name the identity
-// the connection had when first lent, below).
+// recorded at the connection's first pin, below).
 //
 // It restores:
 //
 //   - Identity: the session user and role the connection had when it was
-//     first lent ([Conn.Lend] reads session_user and
-//     current_setting('role') then, once in the connection's life): a role
+//     first pinned ([Acquire] reads session_user and
+//     current_setting('role') then, once in the connection's life; with
+//     [ConnOptions.DeferIdentity], as advisory and lease pin, the first
+//     [Conn.Lend] does, and a reset before it leaves identity as it is): a role
 //     from the connection string's RuntimeParams, from ALTER ROLE ... SET
 //     role, or from a SET ROLE or SET SESSION AUTHORIZATION that pgxpool's
 //     AfterConnect ran, included. The reset names them: SET SESSION
@@ -54,8 +56,8 @@
 //     SET SESSION AUTHORIZATION or set_config('role', ..., false). (A pool
 //     hook that switches identity per borrower, in PrepareConn or
 //     BeforeAcquire, must set it on every acquire, or undo it in
-//     AfterRelease: what the reset restores is the identity of the
-//     connection's first lend, whichever borrower's that was.)
+//     AfterRelease: what the reset restores is the identity recorded at
+//     the connection's first pin (or lend), whichever borrower's that was.)
 //   - Every session-level advisory lock is dropped, every cursor (WITH
 //     HOLD ones) closed, every LISTEN ended, every temporary table dropped,
 //     and the session's sequence state forgotten (currval and lastval are
@@ -69,8 +71,9 @@
 //     in RuntimeParams.
 //   - pgx's statement cache keeps working after a DEALLOCATE ALL (or pgx's
 //     Conn.DeallocateAll): on a connection that uses it (the default
-//     QueryExecModeCacheStatement), the first [Conn.Lend] prepares a probe
-//     statement (once in the connection's life), and the reset executes it
+//     QueryExecModeCacheStatement), the connection's first pin (or, with
+//     DeferIdentity, first [Conn.Lend]) prepares a probe statement (once
+//     in the connection's life, with the identity's read), and the reset executes it
 //     first; after a DEALLOCATE ALL it is gone, the reset fails and the
 //     connection is destroyed, so the next borrower's cached statements do
 //     not fail with 26000. The probe runs before the rest of the reset, so
@@ -87,9 +90,11 @@
 // round trip, and in advisory's session helpers the unlock's, so a helper
 // costs no more round trips than the same work by hand; [WithConn] and
 // [Conn.Release] pay one round trip for it (WithConn none when its work
-// sent nothing). The first [Conn.Lend] of each connection costs one round
-// trip, once in the connection's life (it records the identity, and
-// prepares the probe where that is used). Its answers are read message by
+// sent nothing). The first pin of each connection ([Acquire]; with
+// DeferIdentity, its first [Conn.Lend]) costs one round trip, once in the
+// connection's life (it records the identity, and prepares the probe
+// where that is used); a failure there destroys the connection, and the
+// work does not run on it. Its answers are read message by
 // message, with no allocation per statement. A connection that was never
 // lent ran only its caller's statements: the caller may vouch for it
 // ([Conn.MarkClean]: advisory's handles, Hold and refused try-locks,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -156,46 +157,64 @@ func newBaseline(probe bool, login, sessionUser, role string) *baseline {
 // reset's probe (as Acquire does), so that a DEALLOCATE ALL run by lent code
 // is seen by the reset, which then destroys the connection instead of
 // handing the next borrower a statement cache the server no longer has. A
-// failure there marks c dirty. Lend also notes the socket's count of
+// failure there closes the connection (a read cut short would leave its
+// answer for the lent code to read) and marks c dirty: check [Conn.Dirty]
+// before using what Lend returned. Lend also notes the socket's count of
 // bytes written, for [Conn.Reclaim]: lent code that sent nothing needs no
 // reset.
-func (c *Conn) Lend(ctx context.Context) *pgx.Conn { return c.lend(true) }
+func (c *Conn) Lend(ctx context.Context) *pgx.Conn {
+	_ = c.lend(true)
+	return c.conn
+}
 
 // lend is Lend; mark false leaves the count for Reclaim unnoted (Tx notes
 // it after its own BEGIN).
-func (c *Conn) lend(mark bool) *pgx.Conn {
+func (c *Conn) lend(mark bool) error {
 	if c.lent {
 		// Lent again, and not found quiet since: the counts of the Lend
 		// that began the lending stand (or, where Reclaim found something
 		// sent, none do), so the earlier code's statements are never
 		// forgotten.
 		c.clean = false
-		return c.conn
+		return nil
 	}
 	c.lent = true
 	c.wasLent = true
 	c.clean = false
 	c.marked = false
 	if c.dirty != nil || c.conn.IsClosed() {
-		return c.conn
+		return nil
 	}
 	if c.baseline() == nil {
-		c.recordBaseline()
-		if c.dirty != nil {
-			return c.conn
+		if err := c.recordBaseline(c.timeout); err != nil {
+			return err
 		}
 	}
 	if mark {
 		c.markSent()
 	}
-	return c.conn
+	return nil
 }
 
 // recordBaseline reads c's identity, prepares the reset's probe where c
 // uses pgx's statement cache, and records both; see Lend. It runs under
 // the cleanup bound, not a context: a cancelled ctx must not close a
 // connection that may hold the caller's lock.
-func (c *Conn) recordBaseline() {
+func (c *Conn) recordBaseline(within time.Duration) error {
+	err := c.readBaseline(within)
+	if err != nil {
+		// A read the bound cut leaves its answer on the way (pgx keeps a
+		// connection whose read timed out open): close the socket, so that
+		// nothing later reads it as its own, and let Release destroy c.
+		cerr := &CleanupError{Step: "prepare reset", Err: err}
+		c.MarkDirty(cerr)
+		_ = c.conn.PgConn().Conn().Close()
+		return cerr
+	}
+	return nil
+}
+
+func (c *Conn) readBaseline(within time.Duration) error {
 	cfg := c.conn.Config()
 	probe := cfg.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement && cfg.StatementCacheCapacity > 0
 	data := c.conn.PgConn().CustomData()
@@ -206,15 +225,14 @@ func (c *Conn) recordBaseline() {
 		// connection's reset names none (RESET SESSION AUTHORIZATION,
 		// RESET ROLE).
 		if probe {
-			if _, err := c.ExecBounded(sqlPrepareProbe, nil); err != nil {
-				c.MarkDirty(&CleanupError{Step: "prepare reset", Err: err})
-				return
+			if _, err := c.execWithin(within, sqlPrepareProbe, nil); err != nil {
+				return err
 			}
 			data[baselineKey] = probeBaseline
-			return
+			return nil
 		}
 		data[baselineKey] = defaultBaseline
-		return
+		return nil
 	}
 	sql, want := sqlIdentity, 1
 	if probe {
@@ -222,7 +240,7 @@ func (c *Conn) recordBaseline() {
 	}
 	var sessionUser, role string
 	rows := 0
-	n, err := c.ExecBounded(sql, func(v [][]byte) {
+	n, err := c.execWithin(within, sql, func(v [][]byte) {
 		rows++
 		if len(v) == 2 && v[0] != nil && v[1] != nil {
 			sessionUser, role = string(v[0]), string(v[1])
@@ -232,10 +250,10 @@ func (c *Conn) recordBaseline() {
 		err = errors.New("the session's identity could not be read")
 	}
 	if err != nil {
-		c.MarkDirty(&CleanupError{Step: "prepare reset", Err: err})
-		return
+		return err
 	}
 	data[baselineKey] = newBaseline(probe, cfg.User, sessionUser, role)
+	return nil
 }
 
 // Lent reports whether c was handed to code its caller does not control
@@ -366,8 +384,13 @@ func (c *Conn) resetBounded() {
 // (valid during the call only). It returns how many statements completed
 // and the first error; it marks c neither clean nor dirty.
 func (c *Conn) ExecBounded(sql string, row func(values [][]byte)) (n int, err error) {
+	return c.execWithin(c.timeout, sql, row)
+}
+
+// execWithin is ExecBounded bounded by d rather than the cleanup timeout.
+func (c *Conn) execWithin(d time.Duration, sql string, row func(values [][]byte)) (n int, err error) {
 	pg := c.conn.PgConn()
-	c.BoundCleanup()
+	c.bound.Start(pg.Conn(), d)
 	defer c.EndBound()
 	c.query.String = sql
 	fe := pg.Frontend()

@@ -80,20 +80,42 @@ func (c *Conn) markSent() {
 // next borrower then finds it ended, as it would find an idle connection
 // of the pool whose session ended; pgxpool pings a connection idle for
 // over a second before it hands it out.) A failed flush marks
-// c dirty, and so does a read side found over (shut down, or ended by the
-// server with nothing before its FIN): the connection is destroyed rather
-// than reset, since no answer on it can be relied on. Nothing else may have used the connection since Lend (a
+// c dirty. Whether or not the code was quiet, and wherever the counts can
+// be read or not, Reclaim clears a deadline it left on the socket, and
+// marks c dirty where it finds the socket's read side over (shut down, or
+// ended by the server with nothing before its FIN: Linux): the connection
+// is destroyed rather than reset, since no answer on it can be relied on. Nothing else may have used the connection since Lend (a
 // goroutine the code started must not use it after the code returned); a
 // net.Conn of a custom DialFunc that unwraps by a NetConn method must not
 // buffer writes.
 func (c *Conn) Reclaim() (quiet bool) {
 	defer func() { c.quiet = quiet }()
-	if !c.lent || !c.marked || c.dirty != nil || c.conn.IsClosed() {
+	if !c.lent || c.dirty != nil || c.conn.IsClosed() {
 		return false
 	}
+	marked := c.marked
 	c.marked = false // from here on c stays lent unless found quiet now
 	pg := c.conn.PgConn()
 	if pg.IsBusy() {
+		return false
+	}
+	// Whatever the lent code sent: a deadline it left on the socket must
+	// not outlive it (a fresh connection has none), and a read side it
+	// shut (or that the server's FIN with nothing before it ended) makes
+	// every later answer unreliable, the reset's included: after
+	// shutdown(SHUT_RD) Linux still delivers what arrives before a read
+	// asks, so a reset could seem to succeed.
+	if err := pg.Conn().SetDeadline(time.Time{}); err != nil {
+		c.MarkDirty(&CleanupError{Step: "reclaim", Err: err})
+		return false
+	}
+	m := c.meter()
+	empty := m.nothingToRead()
+	if !empty && m.readEnded() {
+		c.MarkDirty(&CleanupError{Step: "reclaim", Err: errReadEnded})
+		return false
+	}
+	if !marked {
 		return false
 	}
 	c.BoundCleanup()
@@ -103,23 +125,8 @@ func (c *Conn) Reclaim() (quiet bool) {
 		c.MarkDirty(&CleanupError{Step: "reclaim", Err: err})
 		return false
 	}
-	if err := pg.Conn().SetDeadline(time.Time{}); err != nil { // a fresh connection has none
-		c.MarkDirty(&CleanupError{Step: "reclaim", Err: err})
-		return false
-	}
-	m := c.meter()
 	n, ok := m.traffic()
-	if !ok || n != c.mark {
-		return false
-	}
-	if !m.nothingToRead() {
-		if m.readEnded() {
-			// Its read side is over (shut down, or the server's FIN with
-			// nothing before it): no answer can be relied on, the reset's
-			// included (after shutdown(SHUT_RD) Linux still delivers what
-			// arrives before a read asks, so a reset could seem to succeed).
-			c.MarkDirty(&CleanupError{Step: "reclaim", Err: errReadEnded})
-		}
+	if !ok || n != c.mark || !empty {
 		return false
 	}
 	c.lent = false

@@ -119,7 +119,11 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 	// vouched for by Tx (WithTx vouches for a connection fresh from the
 	// pool with MarkClean).
 	c.txClean = c.clean
-	c.lend(!own) // fn gets the transaction, and with it the connection
+	if err := c.lend(!own); err != nil { // fn gets the transaction, and with it the connection
+		// The connection could not be readied (pooltx closed it): nothing
+		// was sent, fn does not run.
+		return fmt.Errorf("%w: %w", ErrNotCommitted, err)
+	}
 	if own {
 		c.lent = false
 	}

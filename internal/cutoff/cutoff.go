@@ -86,8 +86,10 @@ func (b *Bound) start(nc net.Conn, e Expirer, d time.Duration) {
 // in progress and its time had not passed: for StartExpiry, that the
 // Expirer will not be called (false: it has been or is about to be). If
 // the deadline of a Start bound had passed, nc's deadline, which was cut,
-// is cleared again (the I/O it cut failed, and pgx closes such a
-// connection; one whose I/O had finished just before is usable).
+// is cleared again (the I/O it cut failed; pgx does not close a connection
+// whose read timed out, so a caller whose cut I/O may leave an answer on
+// the way must close it or treat it as dirty, never use it again; one
+// whose I/O had finished just before is usable).
 func (b *Bound) End() (inTime bool) {
 	mu.Lock()
 	if b.on {
