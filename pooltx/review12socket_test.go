@@ -52,16 +52,11 @@ func TestSocketAttacksNeverReachNextBorrower(t *testing.T) {
 			return errBoom
 		},
 	}
-	for _, tls := range []bool{false, true} {
+	for _, tls := range tlsModes(t) {
 		for name, fn := range attacks {
 			t.Run(strconv.FormatBool(tls)+"/"+name, func(t *testing.T) {
 				ctx := testCtx(t)
-				cfg := pgtest.Config(t)
-				if tls {
-					c2, err := pgxpool.ParseConfig("postgres://postgres@127.0.0.1:5432/test?sslmode=require")
-					require.NoError(t, err)
-					cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = c2.ConnConfig.TLSConfig, nil
-				}
+				cfg := configWithTLS(t, tls)
 				cfg.MaxConns = 1
 				pool := pgtest.NewPool(t, cfg)
 				bad, n := 0, 60
@@ -107,4 +102,24 @@ func TestFinDuringQuietCallback(t *testing.T) {
 		}
 	}
 	require.Zero(t, bad, "next borrower failed %d of 20; first: %v", bad, first)
+}
+
+// tlsModes is plain TCP, and TLS too where the harness's server speaks it
+// (the DSN path; the throwaway cluster does not).
+func tlsModes(t *testing.T) []bool {
+	if pgtest.Config(t).ConnConfig.TLSConfig != nil {
+		return []bool{false, true}
+	}
+	return []bool{false}
+}
+
+// configWithTLS is the harness's config over TLS or plain TCP, without
+// fallbacks to the other.
+func configWithTLS(t *testing.T, tls bool) *pgxpool.Config {
+	cfg := pgtest.Config(t)
+	if !tls {
+		cfg.ConnConfig.TLSConfig = nil
+	}
+	cfg.ConnConfig.Fallbacks = nil
+	return cfg
 }
