@@ -409,7 +409,16 @@
 // substituted into them. The checks assume a UTF8 database: on a database
 // with another encoding (LATIN1, say), metadata with a \u escape of a
 // character that encoding cannot represent is refused by the server, with
-// SQLSTATE 22P05 in the chain, not as ErrInvalid.
+// SQLSTATE 22P05 in the chain, not as ErrInvalid; such a database's
+// sessions default to its encoding as client_encoding, which pgx does not
+// override (nor one set by ALTER ROLE ... SET client_encoding). pgx sends
+// and reads all text as UTF-8, so every lease transaction, List,
+// ListIntents and Migrate's DDL run with client_encoding set to UTF8 for
+// their transaction wherever the connection's is another: sessions of any
+// encoding read one resource name as one name (otherwise two of them could
+// both hold its exclusive lease), and the connection's own setting is left
+// as it was. Fence.Update runs in the caller's transaction and is not
+// changed: its key, when text, is converted by the session's encoding.
 //
 // If an acquiring statement fails in a way that leaves its outcome unknown
 // (the connection broke, or the context ended after the statement was sent),

@@ -80,6 +80,21 @@ const (
 // frameTrySQL is frameSQL plus lock_timeout = TryLockTimeout.
 var frameTrySQL = fmt.Sprintf("%s, pg_catalog.set_config('lock_timeout', '%dms', true)", frameSQL, TryLockTimeout.Milliseconds())
 
+// utf8SQL sets client_encoding to UTF8 for the transaction only. pgx sends
+// every string as UTF-8 and reads every one as UTF-8, but does not set
+// client_encoding: a session whose encoding is another (from ALTER ROLE ...
+// SET client_encoding, the database's or the server's settings, a LATIN1
+// database's default) has the server convert those bytes as if they were in
+// that encoding, so two sessions with different encodings would read one
+// resource name as two names, and both could hold "the" exclusive lease.
+// Queued only where the connection's last reported client_encoding is not
+// UTF8 (needsUTF8): no cost otherwise.
+const utf8SQL = "SELECT pg_catalog.set_config('client_encoding', 'UTF8', true)"
+
+// needsUTF8 reports whether pg's session runs in a client_encoding other
+// than UTF8, from its last ParameterStatus (no round trip).
+func needsUTF8(pg *pgconn.PgConn) bool { return pg.ParameterStatus("client_encoding") != "UTF8" }
+
 // wait is how long a lease statement may wait for a row lock.
 type wait bool
 
@@ -113,6 +128,9 @@ func exec(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration, w wait
 	defer c.Release()
 	b := &pgx.Batch{}
 	b.Queue(beginSQL)
+	if needsUTF8(c.Conn().PgConn()) {
+		b.Queue(utf8SQL) // before any statement with text: the server converts each Bind as it comes
+	}
 	if w == waitTry {
 		b.Queue(frameTrySQL)
 	} else {

@@ -56,6 +56,9 @@ func NewFence(cfg FenceConfig) (*Fence, error) {
 			return nil, opError(op, "", err)
 		}
 	}
+	if err := checkTable(cfg.Table); err != nil {
+		return nil, opError(op, "", err)
+	}
 	if cfg.KeyColumn == cfg.TokenColumn {
 		return nil, opError(op, "", fmt.Errorf("%w: key and token columns must differ", ErrInvalid))
 	}

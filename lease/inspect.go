@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Table-wide operations on a lock-manager table: for operators, start-up
@@ -84,9 +85,13 @@ type Holder struct {
 	Mode       Mode
 	Token      int64
 	AcquiredAt time.Time
-	ExpiresAt  time.Time
-	Expired    bool // expires_at <= now() on the database when listed
-	Metadata   json.RawMessage
+	// ExpiresAt is expires_at. A row edited by hand to 'infinity' (a lease
+	// pinned for good) reads as time.UnixMicro(math.MaxInt64), in the year
+	// 294247, and '-infinity' as time.UnixMicro(math.MinInt64); the same
+	// holds for AcquiredAt and for Intent.Until.
+	ExpiresAt time.Time
+	Expired   bool // expires_at <= now() on the database when listed
+	Metadata  json.RawMessage
 }
 
 // List returns the leases in the table ordered by resource and token. It is a
@@ -108,7 +113,7 @@ func (m *Manager) List(ctx context.Context, opts *ListOptions) ([]Holder, error)
 	if opts.Owner != "" {
 		owner = opts.Owner
 	}
-	rows, err := m.pool.Query(ctx, m.q.list, resource, owner, opts.IncludeExpired)
+	rows, err := inspectQuery(ctx, m.pool, m.q.list, resource, owner, opts.IncludeExpired)
 	if err != nil {
 		return nil, opError(op, opts.Resource, err)
 	}
@@ -135,6 +140,59 @@ func (m *Manager) List(ctx context.Context, opts *ListOptions) ([]Holder, error)
 		return nil, opError(op, opts.Resource, err)
 	}
 	return out, nil
+}
+
+// inspectQuery runs a List or ListIntents query. On a connection whose
+// client_encoding is not UTF8 it runs in a transaction that sets it to UTF8
+// first (see utf8SQL): the filters and the names read back are UTF-8, as
+// pgx sends and reads them. The rows, once closed, release the connection.
+func inspectQuery(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (pgx.Rows, error) {
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !needsUTF8(pc.Conn().PgConn()) {
+		rows, err := pc.Query(ctx, sql, args...)
+		if err != nil {
+			pc.Release()
+			return nil, err
+		}
+		return &releasingRows{Rows: rows, release: pc.Release}, nil
+	}
+	tx, err := pc.Begin(ctx)
+	if err != nil {
+		pc.Release()
+		return nil, err
+	}
+	done := func() {
+		_ = tx.Rollback(context.WithoutCancel(ctx)) // read-only: nothing to keep
+		pc.Release()
+	}
+	if _, err := tx.Exec(ctx, utf8SQL); err != nil {
+		done()
+		return nil, err
+	}
+	rows, err := tx.Query(ctx, sql, args...)
+	if err != nil {
+		done()
+		return nil, err
+	}
+	return &releasingRows{Rows: rows, release: done}, nil
+}
+
+// releasingRows runs release once, when its rows are closed.
+type releasingRows struct {
+	pgx.Rows
+	release func()
+	done    bool
+}
+
+func (r *releasingRows) Close() {
+	r.Rows.Close()
+	if !r.done {
+		r.done = true
+		r.release()
+	}
 }
 
 // String formats a holder for logs and the operator CLI.
@@ -173,7 +231,7 @@ func (m *Manager) ListIntents(ctx context.Context, opts *ListOptions) ([]Intent,
 	if opts.Resource != "" {
 		resource = opts.Resource
 	}
-	rows, err := m.pool.Query(ctx, m.q.intents, resource, opts.IncludeExpired)
+	rows, err := inspectQuery(ctx, m.pool, m.q.intents, resource, opts.IncludeExpired)
 	if err != nil {
 		return nil, opError(op, opts.Resource, err)
 	}

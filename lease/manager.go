@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 
@@ -33,7 +34,8 @@ type ManagerConfig struct {
 	// when no notification arrives (a lease that expires sends none). Each wait
 	// is a random duration in [PollInterval/2, PollInterval], shortened to the
 	// earliest expiry of a blocking lease. A waiting writer's intent lasts
-	// 3*PollInterval and is refreshed at each attempt. Default 1s.
+	// 3*PollInterval (at most time.Duration's largest value, about 292
+	// years) and is refreshed at each attempt. Default 1s.
 	PollInterval time.Duration
 	// Channel for LISTEN/NOTIFY. Default "pgxlock_lease_" + 16 hex digits
 	// derived from the table name as configured (Schema and Table), so two
@@ -59,6 +61,16 @@ type ManagerConfig struct {
 
 // DefaultTable is the lock-manager table name used when ManagerConfig.Table is empty.
 const DefaultTable = "pgxlock_leases"
+
+// intentTTL is how long a waiting writer's intent lasts: 3*PollInterval,
+// saturated rather than wrapped (a PollInterval over a third of
+// time.Duration's range would otherwise store an intent already expired).
+func (m *Manager) intentTTL() time.Duration {
+	if m.poll > math.MaxInt64/3 {
+		return math.MaxInt64
+	}
+	return 3 * m.poll
+}
 
 // DefaultPollInterval is the wait bound used when ManagerConfig.PollInterval is zero.
 const DefaultPollInterval = time.Second
@@ -324,7 +336,7 @@ func (m *Manager) attempt(ctx context.Context, req *request) (*Lease, time.Durat
 	err := exec(ctx, m.pool, m.releaseTimeout, req.wait, func(b *pgx.Batch) {
 		b.Queue(m.q.lockResource, req.resource)
 		b.Queue(m.q.acquire, req.resource, req.mode.String(), req.leaseID, req.owner, req.ttl,
-			req.metadata, intent, 3*m.poll).QueryRow(func(row pgx.Row) error {
+			req.metadata, intent, m.intentTTL()).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&token, &acquiredAt, &expiry, &retryAfter)
 		})
 	})
@@ -336,7 +348,13 @@ func (m *Manager) attempt(ctx context.Context, req *request) (*Lease, time.Durat
 	case token == nil:
 		var wait time.Duration
 		if retryAfter != nil && *retryAfter > 0 {
-			wait = time.Duration(*retryAfter * float64(time.Second))
+			// A blocker whose expiry is beyond time.Duration's range (a row
+			// edited by hand to a far future; 'infinity' gives no hint at
+			// all) must not wrap to a negative wait.
+			wait = time.Duration(math.MaxInt64)
+			if s := *retryAfter * float64(time.Second); s < float64(math.MaxInt64) {
+				wait = time.Duration(s)
+			}
 		}
 		return nil, wait, opError(req.op, req.resource, ErrNotAcquired)
 	}

@@ -182,7 +182,7 @@ inserted AS (
 	RETURNING token, acquired_at, expires_at
 )
 SELECT i.token, i.acquired_at, i.expires_at,
-	(SELECT extract(epoch FROM min(until) - pg_catalog.now())::pg_catalog.float8 FROM blockers)
+	(SELECT CASE WHEN pg_catalog.isfinite(min(until)) THEN extract(epoch FROM min(until) - pg_catalog.now())::pg_catalog.float8 END FROM blockers)
 FROM (VALUES (1)) AS one (x) LEFT JOIN inserted i ON true`
 
 	// Extends a live lease only. An expired one cannot be revived: someone
@@ -249,9 +249,11 @@ SELECT count(*) FROM swept, LATERAL pg_notify($1, md5(swept.resource))`
 	// List and ListIntents run outside the frame (see exec), and a
 	// timestamp read as text (pgx's Exec and simple protocol modes) is
 	// parsed in the ISO DateStyle only: their times travel as microseconds
-	// since the Unix epoch, exact (extract returns numeric).
+	// since the Unix epoch, exact (extract returns numeric). A time edited
+	// by hand to 'infinity' or '-infinity' (which extract cannot cast to
+	// int8) travels as the largest or smallest int8.
 	listSQL = `
-SELECT resource, owner, mode, token, (pg_catalog.extract('epoch', acquired_at) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8, (pg_catalog.extract('epoch', expires_at) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8, metadata, expires_at <= pg_catalog.now()
+SELECT resource, owner, mode, token, CASE WHEN pg_catalog.isfinite(acquired_at) THEN (pg_catalog.extract('epoch', acquired_at) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8 WHEN acquired_at > pg_catalog.now() THEN 9223372036854775807 ELSE -9223372036854775808 END, CASE WHEN pg_catalog.isfinite(expires_at) THEN (pg_catalog.extract('epoch', expires_at) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8 WHEN expires_at > pg_catalog.now() THEN 9223372036854775807 ELSE -9223372036854775808 END, metadata, expires_at <= pg_catalog.now()
 FROM {holders}
 WHERE ($1::pg_catalog.text IS NULL OR resource = $1::pg_catalog.text)
   AND ($2::pg_catalog.text IS NULL OR owner = $2::pg_catalog.text)
@@ -261,7 +263,7 @@ ORDER BY resource, token`
 	// Writer intents: one per resource at most. $1 resource filter, $2
 	// include intents past their lifetime (they block nobody).
 	intentsSQL = `
-SELECT resource, (pg_catalog.extract('epoch', writer_intent_until) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8, writer_intent_until <= pg_catalog.now()
+SELECT resource, CASE WHEN pg_catalog.isfinite(writer_intent_until) THEN (pg_catalog.extract('epoch', writer_intent_until) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8 WHEN writer_intent_until > pg_catalog.now() THEN 9223372036854775807 ELSE -9223372036854775808 END, writer_intent_until <= pg_catalog.now()
 FROM {resources}
 WHERE writer_intent IS NOT NULL
   AND ($1::pg_catalog.text IS NULL OR resource = $1::pg_catalog.text)

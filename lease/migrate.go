@@ -137,6 +137,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, ddl, check string, args ..
 	return pooltx.WithTx(ctx, pool, &pooltx.TxOptions{
 		Tx: pgx.TxOptions{IsoLevel: pgx.ReadCommitted},
 		Preamble: func(b *pgx.Batch) {
+			b.Queue(utf8SQL) // names in the DDL are UTF-8, as pgx sends them (see utf8SQL)
 			b.Queue("SELECT pg_catalog.pg_advisory_xact_lock($1)", migrateLockKey)
 			b.Queue(fmt.Sprintf("SELECT pg_catalog.set_config('lock_timeout', '%dms', true)", MigrateLockTimeout.Milliseconds()))
 		},

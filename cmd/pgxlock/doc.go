@@ -179,7 +179,10 @@
 // expires_in_seconds (negative once expired) and metadata (the stored JSON,
 // or null); and writer_intents, one per writer waiting for a resource (new
 // shared leases of it are refused meanwhile): resource, until, expired (bool:
-// lapsed, blocks nobody) and until_in_seconds. The text form lists waiting
+// lapsed, blocks nobody) and until_in_seconds. A time edited by hand to
+// 'infinity' or '-infinity' prints as that word (its _in_seconds field is
+// null; the text form says "never" for an expiry of 'infinity'), and a year
+// beyond 9999 with as many digits as it needs. The text form lists waiting
 // writers above the leases. Field names are stable, as for locks.
 //
 // # Exit codes

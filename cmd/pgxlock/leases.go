@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -148,9 +149,11 @@ func writeLeasesText(w io.Writer, now time.Time, holders []lease.Holder, intents
 		if d := now.Sub(h.ExpiresAt); d >= 0 || h.Expired {
 			expires = fmtDuration(nonNegative(d)) + " ago"
 		}
+		acquired := fmtDuration(nonNegative(now.Sub(h.AcquiredAt))) + " ago"
+		expires, acquired = infiniteCell(h.ExpiresAt, expires), infiniteCell(h.AcquiredAt, acquired)
 		fmt.Fprintln(tw, strings.Join([]string{
 			quoteCell(h.Resource, 60), h.Mode.String(), state, strconv.FormatInt(h.Token, 10),
-			quoteCell(h.Owner, 40), fmtDuration(nonNegative(now.Sub(h.AcquiredAt))) + " ago", expires,
+			quoteCell(h.Owner, 40), acquired, expires,
 		}, "\t"))
 	}
 	if err := tw.Flush(); err != nil {
@@ -173,6 +176,7 @@ func writeIntentsText(w io.Writer, now time.Time, intents []lease.Intent) error 
 		if in.Expired {
 			state, until = "lapsed", fmtDuration(nonNegative(now.Sub(in.Until)))+" ago"
 		}
+		until = infiniteCell(in.Until, until)
 		fmt.Fprintln(tw, strings.Join([]string{quoteCell(in.Resource, 60), state, until}, "\t"))
 	}
 	if err := tw.Flush(); err != nil {
@@ -195,6 +199,78 @@ func quoteCell(s string, limit int) string {
 	return s
 }
 
+// The times lease.List gives for a row edited by hand to 'infinity' or
+// '-infinity' (lease.Holder.ExpiresAt).
+var (
+	forever = time.UnixMicro(math.MaxInt64)
+	never   = time.UnixMicro(math.MinInt64)
+)
+
+// infiniteCell is the text cell of t: "never" for a time of 'infinity',
+// "-infinity" for one of '-infinity', else cell.
+func infiniteCell(t time.Time, cell string) string {
+	switch {
+	case t.Equal(forever):
+		return "never"
+	case t.Equal(never):
+		return "-infinity"
+	}
+	return cell
+}
+
+// jsonTime is a time in the --json document: RFC 3339 as encoding/json
+// writes it, "infinity" or "-infinity" for a time edited so by hand, and,
+// for a year beyond 0-9999 (which RFC 3339 cannot write and encoding/json
+// refuses), the same layout with as many year digits as needed.
+type jsonTime time.Time
+
+func (t jsonTime) MarshalJSON() ([]byte, error) {
+	tt := time.Time(t)
+	switch {
+	case tt.Equal(forever):
+		return []byte(`"infinity"`), nil
+	case tt.Equal(never):
+		return []byte(`"-infinity"`), nil
+	case tt.Year() < 0 || tt.Year() > 9999:
+		return json.Marshal(tt.Format(time.RFC3339Nano))
+	}
+	return tt.MarshalJSON()
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (t *jsonTime) UnmarshalJSON(b []byte) error {
+	switch string(b) {
+	case `"infinity"`:
+		*t = jsonTime(forever)
+		return nil
+	case `"-infinity"`:
+		*t = jsonTime(never)
+		return nil
+	}
+	var tt time.Time
+	if err := tt.UnmarshalJSON(b); err == nil {
+		*t = jsonTime(tt)
+		return nil
+	}
+	var str string
+	if err := json.Unmarshal(b, &str); err != nil {
+		return err
+	}
+	tt, err := time.Parse(time.RFC3339Nano, str)
+	*t = jsonTime(tt)
+	return err
+}
+
+// secondsUntil is t - now in seconds, or nil (JSON null) when t is
+// 'infinity' or '-infinity'.
+func secondsUntil(t, now time.Time) *float64 {
+	if t.Equal(forever) || t.Equal(never) {
+		return nil
+	}
+	s := float64(t.Sub(now).Milliseconds()) / 1000
+	return &s
+}
+
 // leasesJSON is the --json document of `leases`; its field names are part
 // of the CLI's interface (documented in doc.go).
 type leasesJSON struct {
@@ -205,10 +281,10 @@ type leasesJSON struct {
 }
 
 type intentJSON struct {
-	Resource       string    `json:"resource"`
-	Until          time.Time `json:"until"`
-	Expired        bool      `json:"expired"`          // lapsed: blocks nobody
-	UntilInSeconds float64   `json:"until_in_seconds"` // negative once lapsed
+	Resource       string   `json:"resource"`
+	Until          jsonTime `json:"until"`
+	Expired        bool     `json:"expired"`          // lapsed: blocks nobody
+	UntilInSeconds *float64 `json:"until_in_seconds"` // negative once lapsed; null for an infinite time
 }
 
 type leaseJSON struct {
@@ -216,18 +292,18 @@ type leaseJSON struct {
 	Mode             string          `json:"mode"` // "exclusive" or "shared"
 	Owner            string          `json:"owner"`
 	Token            int64           `json:"token"` // fencing token
-	AcquiredAt       time.Time       `json:"acquired_at"`
-	ExpiresAt        time.Time       `json:"expires_at"`
+	AcquiredAt       jsonTime        `json:"acquired_at"`
+	ExpiresAt        jsonTime        `json:"expires_at"`
 	Expired          bool            `json:"expired"`
-	ExpiresInSeconds float64         `json:"expires_in_seconds"` // negative once expired
+	ExpiresInSeconds *float64        `json:"expires_in_seconds"` // negative once expired; null for an infinite time
 	Metadata         json.RawMessage `json:"metadata"`           // as stored; null if none
 }
 
 func writeLeasesJSON(w io.Writer, table string, now time.Time, holders []lease.Holder, intents []lease.Intent) error {
 	doc := leasesJSON{At: now, Table: table, Leases: []leaseJSON{}, Intents: []intentJSON{}}
 	for _, in := range intents {
-		doc.Intents = append(doc.Intents, intentJSON{Resource: in.Resource, Until: in.Until, Expired: in.Expired,
-			UntilInSeconds: float64(in.Until.Sub(now).Milliseconds()) / 1000})
+		doc.Intents = append(doc.Intents, intentJSON{Resource: in.Resource, Until: jsonTime(in.Until), Expired: in.Expired,
+			UntilInSeconds: secondsUntil(in.Until, now)})
 	}
 	for _, h := range holders {
 		meta := h.Metadata
@@ -236,8 +312,8 @@ func writeLeasesJSON(w io.Writer, table string, now time.Time, holders []lease.H
 		}
 		doc.Leases = append(doc.Leases, leaseJSON{
 			Resource: h.Resource, Mode: h.Mode.String(), Owner: h.Owner, Token: h.Token,
-			AcquiredAt: h.AcquiredAt, ExpiresAt: h.ExpiresAt, Expired: h.Expired,
-			ExpiresInSeconds: float64(h.ExpiresAt.Sub(now).Milliseconds()) / 1000,
+			AcquiredAt: jsonTime(h.AcquiredAt), ExpiresAt: jsonTime(h.ExpiresAt), Expired: h.Expired,
+			ExpiresInSeconds: secondsUntil(h.ExpiresAt, now),
 			Metadata:         meta,
 		})
 	}

@@ -50,12 +50,14 @@ func TestLeasesListsLiveAndExpired(t *testing.T) {
 	assert.Equal(t, "exclusive", l.Mode)
 	assert.Equal(t, "test-owner", l.Owner)
 	assert.Equal(t, live.Token(), l.Token)
-	assert.Greater(t, l.ExpiresInSeconds, 0.0)
+	require.NotNil(t, l.ExpiresInSeconds)
+	assert.Greater(t, *l.ExpiresInSeconds, 0.0)
 	assert.JSONEq(t, `{"host":"a"}`, string(l.Metadata))
 	x := byRes["jobs/expired"]
 	assert.True(t, x.Expired)
 	assert.Equal(t, "shared", x.Mode)
-	assert.LessOrEqual(t, x.ExpiresInSeconds, 0.0)
+	require.NotNil(t, x.ExpiresInSeconds)
+	assert.LessOrEqual(t, *x.ExpiresInSeconds, 0.0)
 	assert.Equal(t, "null", string(x.Metadata))
 
 	code, out, stderr = runCLI(t, nil, "leases", "--table", table)
@@ -121,10 +123,62 @@ func TestLeasesShowsWaitingWriters(t *testing.T) {
 	require.Len(t, doc.Intents, 1, out)
 	assert.Equal(t, "doc", doc.Intents[0].Resource)
 	assert.False(t, doc.Intents[0].Expired)
-	assert.Greater(t, doc.Intents[0].UntilInSeconds, 0.0)
+	require.NotNil(t, doc.Intents[0].UntilInSeconds)
+	assert.Greater(t, *doc.Intents[0].UntilInSeconds, 0.0)
 
 	code, out, stderr = runCLI(t, nil, "leases", "--table", table)
 	require.Equal(t, 0, code, stderr)
 	assert.Regexp(t, `WAITING WRITER FOR\s+STATE`, out)
 	assert.Regexp(t, `doc\s+waiting\s+in `, out)
+}
+
+// Review round 13: a lease row edited by hand to expires_at = 'infinity' (a
+// lease pinned for good) made `leases` fail for the whole table (0A000: the
+// epoch cast), and would then have failed in --json (encoding/json refuses
+// years beyond 9999). It lists as documented: "never" and "infinity", a null
+// expires_in_seconds; a year beyond 9999 with more digits.
+func TestLeasesShowsInfiniteTimes(t *testing.T) {
+	pool := pgtest.Pool(t)
+	schema := pgtest.Schema(t, pool)
+	m, err := lease.NewManager(pool, lease.ManagerConfig{Schema: schema, TTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, m.Migrate(ctxT(t)))
+	for _, r := range []string{"pinned", "far", "gone"} {
+		_, err := m.TryAcquire(ctxT(t), r, nil)
+		require.NoError(t, err)
+	}
+	holders := pgx.Identifier{schema, lease.DefaultTable}.Sanitize()
+	for r, at := range map[string]string{"pinned": "infinity", "far": "20000-01-01 00:00:00+00", "gone": "-infinity"} {
+		_, err := pool.Exec(ctxT(t), "UPDATE "+holders+" SET expires_at = $2::timestamptz WHERE resource = $1", r, at)
+		require.NoError(t, err)
+	}
+	table := schema + "." + lease.DefaultTable
+	code, out, stderr := runCLI(t, nil, "leases", "--table", table, "--json")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, out, `"expires_at":"infinity"`)
+	assert.Contains(t, out, `"expires_at":"-infinity"`)
+	assert.Contains(t, out, `"expires_at":"20000-01-01T00:00:00Z"`)
+	var doc struct {
+		Leases []struct {
+			Resource string   `json:"resource"`
+			In       *float64 `json:"expires_in_seconds"`
+			Expired  bool     `json:"expired"`
+		} `json:"leases"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &doc), out)
+	require.Len(t, doc.Leases, 3)
+	for _, l := range doc.Leases {
+		switch l.Resource {
+		case "pinned", "gone":
+			assert.Nil(t, l.In, l.Resource)
+			assert.Equal(t, l.Resource == "gone", l.Expired, l.Resource)
+		case "far":
+			require.NotNil(t, l.In)
+			assert.Greater(t, *l.In, 0.0)
+		}
+	}
+	code, out, stderr = runCLI(t, nil, "leases", "--table", table)
+	require.Equal(t, 0, code, stderr)
+	assert.Regexp(t, `pinned\s+exclusive\s+live\s.*never`, out)
+	assert.Regexp(t, `gone\s+exclusive\s+expired\s.*-infinity`, out)
 }
