@@ -262,7 +262,9 @@ func (c *Conn) Destroy(reason error) {
 // with no round trip (a session the server ended while its last words were
 // still on the way aside: see the package doc). ctx governs acquiring
 // the connection and is passed to fn; the reset runs under the cleanup
-// bound. fn's error is returned as is. A panic in fn destroys the
+// bound. fn's error is returned as is. With [ConnOptions.DeferIdentity],
+// a failure of the identity read at the first Lend destroys the connection
+// and is returned, and fn does not run. A panic in fn destroys the
 // connection and is re-raised. fn must not call Release itself.
 func WithConn(ctx context.Context, pool *pgxpool.Pool, opts *ConnOptions, fn func(ctx context.Context, c *Conn) error) error {
 	c, err := Acquire(ctx, pool, opts)
@@ -270,7 +272,11 @@ func WithConn(ctx context.Context, pool *pgxpool.Pool, opts *ConnOptions, fn fun
 		return err
 	}
 	defer c.Release()
-	c.Lend(ctx)
+	if err := c.lend(true); err != nil {
+		// The first Lend's identity read failed (DeferIdentity): pooltx
+		// closed the connection, and fn does not run on it.
+		return err
+	}
 	err = runGuarded(c, fn, ctx, c)
 	// Whatever fn did, the reset runs now, unless fn sent nothing on the
 	// connection (Reclaim): a Reset or MarkClean that fn called itself,

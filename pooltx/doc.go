@@ -70,8 +70,12 @@
 //     connection's first reset (identity, above, does): put such settings
 //     in RuntimeParams.
 //   - pgx's statement cache keeps working after a DEALLOCATE ALL (or pgx's
-//     Conn.DeallocateAll): on a connection that uses it (the default
-//     QueryExecModeCacheStatement), the connection's first pin (or, with
+//     Conn.DeallocateAll): on a connection that uses it by default (a
+//     DefaultQueryExecMode of QueryExecModeCacheStatement, pgx's default;
+//     a pool with another default, whose queries ask for that mode one by
+//     one, has no probe: the other modes are the ones that work through
+//     PgBouncer, where a statement the probe prepared would not be found
+//     again), the connection's first pin (or, with
 //     DeferIdentity, first [Conn.Lend]) prepares a probe statement (once
 //     in the connection's life, with the identity's read), and the reset executes it
 //     first; after a DEALLOCATE ALL it is gone, the reset fails and the
@@ -181,7 +185,15 @@
 //   - State of the *pgx.Conn on the client: types registered on its
 //     TypeMap, its PgConn's CustomData, options set on its socket.
 //     Register types in pgxpool's AfterConnect, for every connection
-//     alike.
+//     alike. And what pgx's statement and description caches hold: a
+//     statement the work ran while a temporary table of its own shadowed
+//     a permanent table of the same name stays described against the
+//     temporary table, which the reset drops; a later borrower running
+//     the same SQL text gets pgx's encode error or the server's 0A000
+//     ("cached plan must not change result type"), as on a raw pgx
+//     connection (pgx offers no way to drop those entries but
+//     Conn.DeallocateAll, a round trip that would also drop the probe).
+//     Give temporary tables names of their own.
 //   - What is sent to the server bypassing pgx (PgConn().Frontend() with
 //     answers left unread) leaves the connection out of step with its
 //     answers.

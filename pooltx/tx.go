@@ -14,7 +14,11 @@ import (
 // TxOptions are per-call options for [WithTx]. A nil *TxOptions means a
 // default transaction, no preamble and the default cleanup timeout.
 type TxOptions struct {
-	// Tx is passed to BEGIN (isolation level, access mode, deferrable).
+	// Tx is passed to BEGIN (isolation level, access mode, deferrable). A
+	// BeginQuery in it is sent as pgx sends it, and counts as the caller's
+	// SQL: the session is reset after the transaction, as after
+	// statements of fn's (it may hold anything, a session lock or a SET
+	// among them, and need not begin a transaction at all).
 	Tx pgx.TxOptions
 
 	// Preamble, when set, queues statements into the batch that begins the
@@ -113,7 +117,7 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 	// the reset), and what fn sends is counted from after them.
 	// (On a connection already lent, and not reset since, nothing is c's
 	// own: the earlier lend stands.)
-	own := (opts.Preamble == nil || opts.PreambleChangesNoState) && !c.lent
+	own := (opts.Preamble == nil || opts.PreambleChangesNoState) && opts.Tx.BeginQuery == "" && !c.lent
 	// A COMMIT or ROLLBACK that runs alone (no reset) leaves c as clean as
 	// it was before: statements its caller ran on c before Tx are not
 	// vouched for by Tx (WithTx vouches for a connection fresh from the
