@@ -67,8 +67,8 @@ var ErrTxAborted = errors.New("advisory: the transaction is aborted or its conne
 // the call) or ErrStandby (tx's server is a hot standby: no SQL was sent,
 // tx is usable); the *pgconn.PgError and ctx's error stay in its chain.
 // Acquisitions are traced (AcquireTracer) as for WithXactLock, with
-// ScopeXact; the release is not, as the transaction's end belongs to the
-// caller.
+// ScopeXact and TraceAcquireStartData.CallerTx; the release is not, as the
+// transaction's end belongs to the caller.
 func (l *Locker) LockInTx(ctx context.Context, tx pgx.Tx, key keys.Key, opts *Options) error {
 	c := &inTxCall{}
 	c.key1[0] = key
@@ -216,7 +216,7 @@ func (l *Locker) lockInTx(ctx context.Context, c *inTxCall, tx pgx.Tx, ks []keys
 	}
 
 	sp := &c.sp
-	l.initSpan(sp, ctx, ScopeXact, s.all, shared, try)
+	l.initSpanInTx(sp, ctx, s.all, shared, try)
 	end := func(err error) error {
 		if err != nil {
 			err = fail(err)

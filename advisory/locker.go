@@ -119,7 +119,9 @@ type Config struct {
 
 	// Tracer, when set, receives acquisition events; if it also implements
 	// ReleaseTracer or LostTracer it receives those events too. See
-	// MultiTracer for several.
+	// MultiTracer for several. Its methods run on the caller's goroutine
+	// (TraceLost on the watcher's, when the watcher finds a loss); a panic
+	// in one is recovered and logged at level Error, and the call goes on.
 	Tracer AcquireTracer
 }
 

@@ -14,7 +14,11 @@ import (
 // MultiTracer to install several. Tracers are called synchronously on the
 // caller's goroutine (TraceLost on the watcher's when the watcher finds
 // the loss, else on the unlocking caller's) and must be fast and
-// safe for concurrent use. Keys in trace data are the call's keys, sorted
+// safe for concurrent use. A tracer that panics is recovered: the panic is
+// logged with Config.Logger at level Error, the event's other tracers (in
+// a MultiTracer, those after it) miss that event, and the call goes on as
+// if it had returned, so that a broken tracer never leaves a lock or a
+// connection behind. Keys in trace data are the call's keys, sorted
 // and de-duplicated; they must not be retained and modified.
 
 // Scope is a lock's lifetime: a session or a transaction.
@@ -67,6 +71,11 @@ type TraceAcquireStartData struct {
 	Scope  Scope
 	Shared bool
 	Try    bool // false: the call may wait
+	// CallerTx: the lock is taken in the caller's own transaction
+	// (LockInTx, TryLockInTx, LockAllInTx, TryLockAllInTx). Its end belongs
+	// to the caller: no TraceRelease or TraceLost follows its acquisition,
+	// so a tracer that counts locks held must not count it.
+	CallerTx bool
 }
 
 // TraceAcquireEndData describes how it ended.
@@ -177,7 +186,31 @@ func (l *Locker) initSpan(s *span, ctx context.Context, scope Scope, ks []keys.K
 	*s = span{l: l, ctx: ctx, start: time.Now(),
 		data: TraceAcquireStartData{Keys: ks, Scope: scope, Shared: shared, Try: try}}
 	if l.cfg.Tracer != nil {
-		s.ctx = l.cfg.Tracer.TraceAcquireStart(ctx, s.data)
+		s.traceStart()
+	}
+}
+
+// initSpanInTx is initSpan for a lock taken in the caller's transaction
+// (TraceAcquireStartData.CallerTx).
+func (l *Locker) initSpanInTx(s *span, ctx context.Context, ks []keys.Key, shared, try bool) {
+	*s = span{l: l, ctx: ctx, start: time.Now(),
+		data: TraceAcquireStartData{Keys: ks, Scope: ScopeXact, Shared: shared, Try: try, CallerTx: true}}
+	if l.cfg.Tracer != nil {
+		s.traceStart()
+	}
+}
+
+func (s *span) traceStart() {
+	defer s.recoverTracer("TraceAcquireStart")
+	s.ctx = s.l.cfg.Tracer.TraceAcquireStart(s.ctx, s.data)
+}
+
+// recoverTracer, deferred around a tracer's call, logs and drops its panic
+// (see "Tracing" above): the call's own cleanup must still run.
+func (s *span) recoverTracer(event string) {
+	if r := recover(); r != nil {
+		s.l.log.ErrorContext(s.ctx, "advisory: tracer panicked; the event was dropped",
+			"event", event, "panic", r, "scope", s.data.Scope, "keys", keyStrings(s.data.Keys))
 	}
 }
 
@@ -186,7 +219,10 @@ func (s *span) acquired(err error) {
 	s.got = time.Now()
 	out := OutcomeOf(err)
 	if t := s.l.cfg.Tracer; t != nil {
-		t.TraceAcquireEnd(s.ctx, TraceAcquireEndData{TraceAcquireStartData: s.data, Waited: s.got.Sub(s.start), Outcome: out, Err: err})
+		func() {
+			defer s.recoverTracer("TraceAcquireEnd")
+			t.TraceAcquireEnd(s.ctx, TraceAcquireEndData{TraceAcquireStartData: s.data, Waited: s.got.Sub(s.start), Outcome: out, Err: err})
+		}()
 	}
 	level := slog.LevelDebug
 	if out == OutcomeError || out == OutcomeDeadlock {
@@ -205,7 +241,10 @@ func (s *span) acquired(err error) {
 func (s *span) released(err error) {
 	held := time.Since(s.got)
 	if rt, ok := s.l.cfg.Tracer.(ReleaseTracer); ok {
-		rt.TraceRelease(s.ctx, TraceReleaseData{Keys: s.data.Keys, Scope: s.data.Scope, Shared: s.data.Shared, Held: held, Err: err})
+		func() {
+			defer s.recoverTracer("TraceRelease")
+			rt.TraceRelease(s.ctx, TraceReleaseData{Keys: s.data.Keys, Scope: s.data.Scope, Shared: s.data.Shared, Held: held, Err: err})
+		}()
 	}
 	level := slog.LevelDebug
 	if err != nil {
@@ -235,7 +274,10 @@ func (s *span) ended(err error) {
 func (s *span) lost(err error) {
 	held := time.Since(s.got)
 	if lt, ok := s.l.cfg.Tracer.(LostTracer); ok {
-		lt.TraceLost(s.ctx, TraceLostData{Keys: s.data.Keys, Shared: s.data.Shared, Held: held, Err: err})
+		func() {
+			defer s.recoverTracer("TraceLost")
+			lt.TraceLost(s.ctx, TraceLostData{Keys: s.data.Keys, Shared: s.data.Shared, Held: held, Err: err})
+		}()
 	}
 	s.l.log.WarnContext(s.ctx, "advisory lock lost; connection destroyed",
 		"scope", s.data.Scope, "keys", keyStrings(s.data.Keys), "shared", s.data.Shared, "held", held, "err", err)

@@ -3,6 +3,8 @@ package metrics
 import (
 	"context"
 	"errors"
+	"math"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -16,7 +18,11 @@ type Options struct {
 	// Namespace prefixes every metric name ("" = "pgxlock").
 	Namespace string
 	// WaitBuckets and HoldBuckets are histogram buckets in seconds; nil
-	// means DefaultWaitBuckets and DefaultHoldBuckets.
+	// means DefaultWaitBuckets and DefaultHoldBuckets. They are used
+	// sorted, without duplicates, NaN or +Inf (Prometheus adds +Inf
+	// itself): Prometheus refuses them otherwise, and would do so inside a
+	// lock call, at the first observation. A list left empty by that means
+	// the default.
 	WaitBuckets, HoldBuckets []float64
 	// ConstLabels are added to every series (e.g. the service name).
 	ConstLabels prometheus.Labels
@@ -62,13 +68,7 @@ func New(opts Options) *Collector {
 	if ns == "" {
 		ns = "pgxlock"
 	}
-	wb, hb := opts.WaitBuckets, opts.HoldBuckets
-	if wb == nil {
-		wb = DefaultWaitBuckets
-	}
-	if hb == nil {
-		hb = DefaultHoldBuckets
-	}
+	wb, hb := buckets(opts.WaitBuckets, DefaultWaitBuckets), buckets(opts.HoldBuckets, DefaultHoldBuckets)
 	cl := opts.ConstLabels
 	lockLabels := []string{"scope", "mode", "namespace"}
 	c := &Collector{
@@ -131,7 +131,7 @@ func (c *Collector) TraceAcquireEnd(_ context.Context, d advisory.TraceAcquireEn
 	c.waiting.WithLabelValues(scope, m, ns).Dec()
 	c.acquisitions.WithLabelValues(scope, m, string(d.Outcome), ns).Inc()
 	c.wait.WithLabelValues(scope, m, ns).Observe(d.Waited.Seconds())
-	if d.Outcome == advisory.OutcomeAcquired {
+	if d.Outcome == advisory.OutcomeAcquired && !d.CallerTx { // a lock in the caller's transaction has no release event
 		c.held.WithLabelValues(scope, m, ns).Inc()
 	}
 }
@@ -162,6 +162,23 @@ func (c *Collector) TraceLost(_ context.Context, d advisory.TraceLostData) {
 	c.held.WithLabelValues(scope, m, ns).Dec()
 	c.hold.WithLabelValues(scope, m, ns).Observe(d.Held.Seconds())
 	c.lost.WithLabelValues(ns).Inc()
+}
+
+// buckets returns b sorted and without duplicates, NaN or +Inf, or def
+// when nothing is left.
+func buckets(b, def []float64) []float64 {
+	out := make([]float64, 0, len(b))
+	for _, v := range b {
+		if !math.IsNaN(v) && !math.IsInf(v, 1) {
+			out = append(out, v)
+		}
+	}
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if len(out) == 0 {
+		return def
+	}
+	return out
 }
 
 func mode(shared bool) string {

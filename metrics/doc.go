@@ -15,14 +15,17 @@
 //	pgxlock_acquisitions_total{scope,mode,result,namespace}  counter
 //	pgxlock_wait_seconds{scope,mode,namespace}               histogram (acquire start to outcome)
 //	pgxlock_hold_seconds{scope,mode,namespace}               histogram (acquired to released or lost)
-//	pgxlock_held{scope,mode,namespace}                       gauge (locks held now)
+//	pgxlock_held{scope,mode,namespace}                       gauge (locks held now; see below)
 //	pgxlock_waiting{scope,mode,namespace}                    gauge (acquisitions in progress)
 //	pgxlock_lost_total{namespace}                            counter (session locks lost)
 //	pgxlock_lease_renewals_total{result}                     counter (ok, lost, error)
 //
 // scope is "session" or "xact"; mode "exclusive" or "shared"; result one of
 // advisory's outcomes (acquired, busy, timeout, deadlock, cancelled,
-// error).
+// no-connection, error). A lock taken in the caller's own transaction
+// (advisory's LockInTx and its forms) is counted in acquisitions and wait
+// but neither in held nor in hold_seconds: its end, the caller's COMMIT or
+// ROLLBACK, is not an event the library sees.
 //
 // The counters people alert on exist at zero from registration, so that
 // increase() sees their first event: pgxlock_lost_total for namespace

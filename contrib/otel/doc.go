@@ -30,7 +30,11 @@
 // carries the same db.system.name, scope, mode, key count and namespace,
 // and links to the acquisition span. Like every span it is exported when it
 // ends: for a long hold, the acquisition span is what shows the lock
-// meanwhile, and the pgxlock.held metric counts it.
+// meanwhile, and the pgxlock.held metric counts it. A lock taken in the
+// caller's own transaction (advisory's LockInTx and its forms:
+// advisory.TraceAcquireStartData.CallerTx) has the acquisition span only,
+// and pgxlock.held does not count it: its end, the caller's COMMIT or
+// ROLLBACK, is not an event the library sees.
 //
 // A span never carries a key, the string a key was hashed from, or an
 // error's text (which names keys): only the number of keys and their

@@ -226,7 +226,7 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, d advisory.TraceAcquireEnd
 	}
 	t.acquisitions.Add(ctx, 1, metric.WithAttributes(result...))
 	t.wait.Record(ctx, d.Waited.Seconds(), metric.WithAttributes(waitAttrs...))
-	if d.Outcome == advisory.OutcomeAcquired {
+	if d.Outcome == advisory.OutcomeAcquired && !d.CallerTx { // no release event follows a lock in the caller's transaction
 		t.held.Add(ctx, 1, metric.WithAttributeSet(set))
 	}
 
@@ -242,8 +242,8 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, d advisory.TraceAcquireEnd
 		span.SetStatus(codes.Error, string(d.Outcome))
 	}
 	span.End()
-	if d.Outcome != advisory.OutcomeAcquired {
-		return
+	if d.Outcome != advisory.OutcomeAcquired || d.CallerTx {
+		return // no hold span: a lock in the caller's transaction has no release event
 	}
 	parent := st.parent
 	if !parent.IsValid() {

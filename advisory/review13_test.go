@@ -1,0 +1,95 @@
+package advisory_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlock/pgxlock/advisory"
+	"github.com/pgxlock/pgxlock/internal/pgtest"
+)
+
+// panicTracer panics in the event named by at.
+type panicTracer struct{ at string }
+
+func (p panicTracer) TraceAcquireStart(ctx context.Context, _ advisory.TraceAcquireStartData) context.Context {
+	if p.at == "TraceAcquireStart" {
+		panic("tracer bug in TraceAcquireStart")
+	}
+	return ctx
+}
+
+func (p panicTracer) TraceAcquireEnd(context.Context, advisory.TraceAcquireEndData) {
+	if p.at == "TraceAcquireEnd" {
+		panic("tracer bug in TraceAcquireEnd")
+	}
+}
+
+func (p panicTracer) TraceRelease(context.Context, advisory.TraceReleaseData) {
+	if p.at == "TraceRelease" {
+		panic("tracer bug in TraceRelease")
+	}
+}
+
+// syncBuffer is a log destination safe for the watcher's goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Review round 13: a tracer that panicked inside a lock call (the metrics
+// collector with unsorted buckets did, at its first observation) unwound
+// the call past its cleanup: the key stayed granted and the pooled
+// connection stayed acquired, so pool.Close hung. A tracer's panic is now
+// recovered and logged, and every helper ends as if the tracer had
+// returned.
+func TestTracerPanicLeavesNoLockOrConnection(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	for _, at := range []string{"TraceAcquireStart", "TraceAcquireEnd", "TraceRelease"} {
+		t.Run(at, func(t *testing.T) {
+			cfg := pgtest.Config(t)
+			cfg.MaxConns = 1
+			pool := pgtest.NewPool(t, cfg)
+			logs := &syncBuffer{}
+			l := newLocker(t, pool, advisory.Config{Tracer: panicTracer{at: at}, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+			k := key(t)
+			ran := 0
+			require.NotPanics(t, func() {
+				require.NoError(t, l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { ran++; return nil }))
+				require.NoError(t, l.WithXactLock(ctx, k, nil, func(context.Context, pgx.Tx) error { ran++; return nil }))
+				h, err := l.Lock(ctx, k, nil)
+				require.NoError(t, err)
+				require.NoError(t, h.Unlock(ctx))
+				require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return l.LockInTx(ctx, tx, k, nil) }))
+			})
+			assert.Equal(t, 2, ran)
+			assert.Zero(t, pool.Stat().AcquiredConns(), "every connection went back")
+			classid, objid, objsubid := k.PgLocks()
+			var n int
+			require.NoError(t, admin.QueryRow(ctx, "SELECT count(*)::int FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = $3",
+				classid, objid, objsubid).Scan(&n))
+			assert.Zero(t, n, "the key is free")
+			assert.Contains(t, logs.String(), "tracer panicked")
+			assert.Contains(t, logs.String(), at)
+		})
+	}
+}
