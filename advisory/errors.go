@@ -55,7 +55,10 @@ var (
 	// ErrNoConnection: the call could not get a live connection to lock
 	// on: the pool or Config.MaxConns was exhausted past the call's bound
 	// (for a Try call, Config.LockTimeout else DefaultTryConnWait), or the
-	// server could not be reached or did not answer while connecting. No
+	// server could not be reached or did not answer while connecting, or
+	// the call's bound ended before its lock statement was sent (a Locker's
+	// first session-scope call checks for a proxy first, one round trip
+	// inside that bound: a bound shorter than a round trip ends there). No
 	// lock was requested from the server and nothing is held. It is never
 	// ErrLockTimeout: a lock timeout means the wait for the key ran out (on
 	// the server, or in the local queue behind an earlier call of the same

@@ -39,10 +39,12 @@ type LockInfo struct {
 // travel as microseconds since the Unix epoch (exact: extract returns
 // numeric): a timestamp read as text, as pgx reads results in the Exec and
 // simple protocol modes, is parsed in the ISO DateStyle only, and the
-// session's may be another.
+// session's may be another. A role that may not see a session's activity
+// gets a NULL state and "<insufficient privilege>" as its query: both are
+// read as empty.
 const sqlListLocks = `
 SELECT l.classid, l.objid, l.objsubid, l.mode OPERATOR(pg_catalog.=) 'ShareLock', l.granted, coalesce(l.pid, 0),
-       coalesce(a.application_name, ''), coalesce(a.state, ''), coalesce(a.query, ''),
+       coalesce(a.application_name, ''), coalesce(a.state, ''), CASE WHEN a.state IS NULL THEN '' ELSE coalesce(a.query, '') END,
        (pg_catalog.extract('epoch', a.backend_start) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8, (pg_catalog.extract('epoch', a.xact_start) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8,
        (pg_catalog.extract('epoch', a.state_change) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8, (pg_catalog.extract('epoch', l.waitstart) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8,
        CASE WHEN l.granted OR l.pid IS NULL THEN '{}'::pg_catalog.int4[] ELSE pg_catalog.pg_blocking_pids(l.pid) END

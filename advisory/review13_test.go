@@ -93,3 +93,31 @@ func TestTracerPanicLeavesNoLockOrConnection(t *testing.T) {
 		})
 	}
 }
+
+// Review round 13: ListLocks promises that "a role without
+// pg_read_all_stats sees other users' Query and State as empty"; Query
+// read "<insufficient privilege>", PostgreSQL's placeholder.
+func TestListLocksUnprivilegedSeesEmptyQuery(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	k := key(t)
+	conn, err := admin.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	v, _ := k.Int64()
+	_, err = conn.Exec(ctx, "SELECT pg_catalog.pg_advisory_lock($1)", v)
+	require.NoError(t, err)
+	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_catalog.pg_advisory_unlock_all()") }()
+
+	weak := rolePool(t, nil)
+	locks, err := advisory.ListLocks(ctx, weak, k)
+	require.NoError(t, err)
+	require.Len(t, locks, 1)
+	assert.Equal(t, "", locks[0].Query, "another user's query")
+	assert.Equal(t, "", locks[0].State)
+
+	locks, err = advisory.ListLocks(ctx, admin, k)
+	require.NoError(t, err)
+	require.Len(t, locks, 1)
+	assert.Contains(t, locks[0].Query, "pg_advisory_lock", "a superuser sees it")
+}

@@ -265,7 +265,7 @@ func connConfig(e env) (*pgx.ConnConfig, error) {
 		return nil, fmt.Errorf("%w in %s (%s): %s", errSettings, src, shown, parseReason(err, secrets))
 	}
 	cfg.RuntimeParams["application_name"] = appName
-	if cfg.ConnectTimeout == 0 {
+	if cfg.ConnectTimeout == 0 && !connectTimeoutSet(cs) {
 		cfg.ConnectTimeout = connectTimeout
 	}
 	return cfg, nil
@@ -308,11 +308,14 @@ func parseReason(err error, secrets []string) string {
 var (
 	// password='...' or password=... in a key=value string or a URL query
 	// (sslpassword too).
-	reKVPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)`)
+	// An unquoted value may hold backslash escapes (libpq's key/value
+	// syntax: "ab\ cd" is one value with a space).
+	reKVPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|(?:\\.|[^\s&\\])+)`)
 	// scheme://user:PASSWORD@host...: everything between the first colon of
-	// the user info and the last @ before the path, which over-masks a
-	// malformed URL rather than show part of a password.
-	reURLUserinfo = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*://[^:/@?#]*:)([^/?#]*)@`)
+	// the user info and the last @ of the string, which over-masks a
+	// malformed URL (a password with an unescaped / or ? in it, an @ in the
+	// query) rather than show part of a password.
+	reURLUserinfo = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*://[^:/@?#]*:)(.*)@`)
 )
 
 // redactConnString returns the connection string with its passwords
@@ -331,6 +334,9 @@ func redactConnString(cs string) (string, []string) {
 		if t := strings.Trim(v, "'"); t != v && t != "" {
 			secrets = append(secrets, t)
 		}
+		if u := unescapeKV(strings.Trim(v, "'")); u != v && u != "" {
+			secrets = append(secrets, u) // as the parser decoded it
+		}
 	}
 	if m := reURLUserinfo.FindStringSubmatchIndex(cs); m != nil {
 		keep(cs[m[4]:m[5]])
@@ -344,6 +350,27 @@ func redactConnString(cs string) (string, []string) {
 	// Longest first, so that a secret containing another is replaced whole.
 	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
 	return cs, secrets
+}
+
+// connectTimeoutSet reports whether the connection string sets
+// connect_timeout (to 0, no timeout, as libpq and pgx read it, included).
+// pgx reports 0 both for that and for no setting; the CLI's default applies
+// to the latter only.
+var reConnectTimeout = regexp.MustCompile(`(?i)(^|[\s?&])connect_timeout\s*=`)
+
+func connectTimeoutSet(cs string) bool { return reConnectTimeout.MatchString(cs) }
+
+// unescapeKV removes the backslash escapes of a key/value connection
+// string's value.
+func unescapeKV(v string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if v[i] == '\\' && i+1 < len(v) {
+			i++
+		}
+		b.WriteByte(v[i])
+	}
+	return b.String()
 }
 
 // connect opens one connection for the read-only subcommands.

@@ -126,11 +126,15 @@
 // and exits with the command's status (128+N if signal N killed it).
 //
 // Connecting comes first, bounded by the connect timeout (connect_timeout,
-// else 10 s), not by --wait: a server that cannot be reached or does not
-// answer exits 69 without waiting for the key.
+// else 10 s; connect_timeout=0 for none), not by --wait: a server that
+// cannot be reached or does not answer exits 69 without waiting for the
+// key. The check for a connection proxy (advisory.DetectProxy: PgBouncer
+// in front exits 69) is part of connecting.
 //
 // Waiting: by default until the lock is granted; --wait DURATION gives up
-// after DURATION (exit 124); --try does not wait (exit 75). --shared takes the
+// after DURATION (exit 124); --try does not wait (exit 75). The wait is
+// these flags' alone: run's connections start with statement_timeout and
+// lock_timeout at 0, whatever the settings, the role or the server say. --shared takes the
 // key in shared mode (pg_advisory_lock_shared): any number of shared holders,
 // no exclusive one. The command is looked up before the lock is taken, so a
 // typo never takes or waits for it (exit 127).

@@ -66,6 +66,9 @@ func cmdLeases(ctx context.Context, args []string, s stdio, e env) int {
 	}
 	holders, err := m.List(ctx, &lease.ListOptions{Resource: resource, Owner: owner, IncludeExpired: true})
 	if err != nil {
+		if errors.Is(err, lease.ErrInvalid) { // a bad --resource or --owner, refused before any SQL
+			return usageError(s, "leases", "%v", err)
+		}
 		if notLeaseTable(err) {
 			fmt.Fprintf(s.Err, "pgxlock leases: %q is not a pgxlock lease table (%v); pass --table [SCHEMA.]TABLE as in lease.ManagerConfig\n", table, err)
 			return exitUnavailable

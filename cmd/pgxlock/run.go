@@ -70,6 +70,12 @@ func cmdRun(ctx context.Context, args []string, s stdio, e env) int {
 		return exitError
 	}
 	pcfg.ConnConfig = cfg
+	// The wait is --wait's alone: a statement_timeout or lock_timeout from
+	// the settings (DATABASE_URL, PGOPTIONS, the role's) would end it
+	// early, as a timeout nobody asked for. As startup parameters they
+	// override those of options=-c and outlast any reset.
+	cfg.RuntimeParams["statement_timeout"] = "0"
+	cfg.RuntimeParams["lock_timeout"] = "0"
 	pcfg.AfterConnect = checkClientConnection
 	// A signal while waiting for the lock ends the wait on the server too:
 	// the advisory package sends a cancel request when a wait's context is
@@ -87,7 +93,9 @@ func cmdRun(ctx context.Context, args []string, s stdio, e env) int {
 	if hb == 0 {
 		hb = -1 // Config: negative disables the pings
 	}
-	locker, err := advisory.New(pool, advisory.Config{HeartbeatInterval: hb})
+	// AllowProxy: acquire checks for a proxy itself, in the connect phase
+	// (bounded by the connect timeout, not by --wait: see acquire).
+	locker, err := advisory.New(pool, advisory.Config{HeartbeatInterval: hb, AllowProxy: true})
 	if err != nil {
 		fmt.Fprintf(s.Err, "pgxlock run: %v\n", err)
 		return exitError
@@ -173,6 +181,25 @@ func checkClientConnection(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
+// detectProxy connects and checks, as the Locker's first session call
+// would, that the pool reaches PostgreSQL directly: a proxy in between is
+// advisory.ErrProxy.
+func detectProxy(ctx context.Context, pool *pgxpool.Pool) error {
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errNoServer, err)
+	}
+	defer c.Release()
+	proxied, err := advisory.DetectProxy(ctx, c.Conn())
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: %w", errNoServer, err)
+	case proxied:
+		return advisory.ErrProxy
+	}
+	return nil
+}
+
 // errNoServer: run could not get a working connection before taking the lock.
 var errNoServer = errors.New("cannot connect to the database")
 
@@ -196,9 +223,10 @@ func acquire(ctx context.Context, locker *advisory.Locker, o runOptions, sigs <-
 		var r result
 		// Connect first, bounded by the connect timeout, not by --wait: a
 		// server that cannot be reached or does not answer is unavailable
-		// (69), never a busy key (75) or a lock timeout (124).
-		if err := locker.Pool().Ping(actx); err != nil {
-			r.err = fmt.Errorf("%w: %w", errNoServer, err)
+		// (69), never a busy key (75) or a lock timeout (124). The proxy
+		// check (advisory.DetectProxy, which the Locker would otherwise run
+		// inside the lock call's bound) is this round trip.
+		if r.err = detectProxy(actx, locker.Pool()); r.err != nil {
 			done <- r
 			return
 		}

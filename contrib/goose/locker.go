@@ -40,7 +40,8 @@ type Config struct {
 	Key keys.Key
 
 	// LockTimeout bounds the wait for the lock; it becomes PostgreSQL's
-	// lock_timeout for the lock statement only. A context deadline that
+	// lock_timeout for the lock statement only (cut to lock_timeout's
+	// largest value, about 24.8 days, when longer). A context deadline that
 	// comes sooner bounds it too. Zero means DefaultLockTimeout; negative
 	// means no bound other than the context.
 	LockTimeout time.Duration
@@ -242,8 +243,17 @@ func (l *SessionLocker) lockTimeout(ctx context.Context) (ms string, byDeadline 
 	if n < 1 {
 		n = 1
 	}
+	// PostgreSQL's largest lock_timeout is INT_MAX ms (about 24.8 days); a
+	// larger value fails the statement with 22023. A longer bound is cut to
+	// it, as advisory does (the wait then ends there, as ErrLockTimeout).
+	if n > maxLockTimeoutMillis || d > maxLockTimeoutMillis*time.Millisecond {
+		n = maxLockTimeoutMillis
+	}
 	return strconv.FormatInt(n, 10), byDeadline
 }
+
+// maxLockTimeoutMillis is the largest lock_timeout PostgreSQL accepts.
+const maxLockTimeoutMillis = 1<<31 - 1
 
 // refuseStandby returns an error matching advisory.ErrStandby when c's
 // server says it is a hot standby (in_hot_standby, PostgreSQL 14 and later).
