@@ -172,7 +172,7 @@ func Wrap(ctx context.Context, inner database.Driver, pool *pgxpool.Pool, cfg Co
 	if key.IsZero() {
 		if cfg.DatabaseName == "" || cfg.SchemaName == "" {
 			var db, schema string
-			if err := pool.QueryRow(ctx, "SELECT current_database(), coalesce(current_schema(), '')").Scan(&db, &schema); err != nil {
+			if err := pool.QueryRow(ctx, "SELECT pg_catalog.current_database(), coalesce(pg_catalog.current_schema(), '')").Scan(&db, &schema); err != nil {
 				return nil, fmt.Errorf("pgxlockmigrate: read database and schema names: %w", err)
 			}
 			if cfg.DatabaseName == "" {

@@ -101,7 +101,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	// The replicas' lockers report to tracer: nil, or the Prometheus collector.
 	var tracer advisory.AcquireTracer
 	if cfg.MetricsAddr != "" {
-		collector := metrics.New(metrics.Options{})
+		collector := metrics.New(metrics.Options{Namespaces: []keys.Namespace{jobsNS}}) // its lost_total series exists at zero
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collector)
 		url, stop, err := serveMetrics(cfg.MetricsAddr, reg)
