@@ -174,3 +174,33 @@ func TestNonUTF8ClientEncodingSeesTheSameNames(t *testing.T) {
 	require.NoError(t, err, "column leases too")
 	require.NoError(t, l.Release(ctx))
 }
+
+// panicRenewTracer panics in every TraceRenew, after telling renewed.
+type panicRenewTracer struct{ renewed chan struct{} }
+
+func (p panicRenewTracer) TraceRenew(context.Context, lease.TraceRenewData) {
+	select {
+	case p.renewed <- struct{}{}:
+	default:
+	}
+	panic("tracer bug")
+}
+
+// A RenewTracer that panics (found for advisory's tracers by review round
+// 13) must not end the process from Do's background renewal goroutine, nor
+// unwind a caller's Renew: it is recovered and logged.
+func TestRenewTracerPanicIsRecovered(t *testing.T) {
+	p1, _, schema := twoPools(t)
+	ctx := testCtx(t)
+	tr := panicRenewTracer{renewed: make(chan struct{}, 1)}
+	m := newManager(t, p1, schema, lease.ManagerConfig{TTL: time.Second, Tracer: tr})
+	err := m.Do(ctx, "job", &lease.DoOptions{RenewEvery: 50 * time.Millisecond}, func(ctx context.Context, l *lease.Lease) error {
+		select {
+		case <-tr.renewed: // a background renewal reached the tracer
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		return l.Renew(ctx) // and a renewal of the caller's own
+	})
+	require.NoError(t, err, "Do and its renewals went on")
+}

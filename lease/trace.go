@@ -26,7 +26,9 @@ type TraceRenewData struct {
 
 // RenewTracer receives every Renew of a lease, including those Do makes in
 // the background. It is called synchronously after the renewal statement
-// and must be fast and safe for concurrent use. The Resource is the
+// and must be fast and safe for concurrent use. A panic in it is recovered
+// and logged with the form's Logger at level Error: it neither unwinds the
+// caller's Renew nor, for Do's background renewals, ends the process. The Resource is the
 // caller's own value: a tracer that exports metrics must not use it as a
 // label (unbounded cardinality).
 type RenewTracer interface {
@@ -51,7 +53,14 @@ func newObserver(form Form, t RenewTracer, l *slog.Logger) observer {
 func (o observer) renewed(ctx context.Context, resource string, token int64, start time.Time, err error) {
 	took := time.Since(start)
 	if o.tracer != nil {
-		o.tracer.TraceRenew(ctx, TraceRenewData{Form: o.form, Resource: resource, Token: token, Took: took, Err: err})
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					o.log.ErrorContext(ctx, "lease: tracer panicked; the event was dropped", "event", "TraceRenew", "panic", r, "form", o.form)
+				}
+			}()
+			o.tracer.TraceRenew(ctx, TraceRenewData{Form: o.form, Resource: resource, Token: token, Took: took, Err: err})
+		}()
 	}
 	level := slog.LevelDebug
 	if err != nil {
