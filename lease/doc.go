@@ -417,8 +417,15 @@
 // their transaction wherever the connection's is another: sessions of any
 // encoding read one resource name as one name (otherwise two of them could
 // both hold its exclusive lease), and the connection's own setting is left
-// as it was. Fence.Update runs in the caller's transaction and is not
-// changed: its key, when text, is converted by the session's encoding.
+// as it was. What that does not reach, and needs client_encoding UTF8 on
+// the connection (in the connection string, or ALTER ROLE ... SET), or ASCII
+// names: a pool in QueryExecModeSimpleProtocol (pgx refuses such a session
+// for it, with its own error); a Schema, Table or Channel with non-ASCII
+// characters (pgx prepares statements, and the listener runs LISTEN, outside
+// those transactions); Fence.Update, which runs in the caller's transaction,
+// its key converted by the session's encoding. The NOTIFY payload that
+// wakes waiters hashes a resource's UTF-8 bytes whatever the database's
+// encoding.
 //
 // If an acquiring statement fails in a way that leaves its outcome unknown
 // (the connection broke, or the context ended after the statement was sent),

@@ -86,9 +86,11 @@ type Holder struct {
 	Token      int64
 	AcquiredAt time.Time
 	// ExpiresAt is expires_at. A row edited by hand to 'infinity' (a lease
-	// pinned for good) reads as time.UnixMicro(math.MaxInt64), in the year
-	// 294247, and '-infinity' as time.UnixMicro(math.MinInt64); the same
-	// holds for AcquiredAt and for Intent.Until.
+	// pinned for good), or to a time past time.UnixMicro's range (the year
+	// 294247; PostgreSQL's reaches 294276), reads as
+	// time.UnixMicro(math.MaxInt64), and '-infinity' as
+	// time.UnixMicro(math.MinInt64); the same holds for AcquiredAt and for
+	// Intent.Until.
 	ExpiresAt time.Time
 	Expired   bool // expires_at <= now() on the database when listed
 	Metadata  json.RawMessage

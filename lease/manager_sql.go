@@ -202,7 +202,7 @@ WITH released AS (
 	DELETE FROM {holders} WHERE resource = $1 AND token = $2 AND ` + ownRowSQL + `
 	RETURNING resource
 )
-SELECT count(*) FROM released, LATERAL pg_notify($4, md5(released.resource))`
+SELECT count(*) FROM released, LATERAL pg_notify($4, pg_catalog.md5(pg_catalog.convert_to(released.resource, 'UTF8')))`
 
 	// Undoes whatever an attempt with an unknown outcome, or an abandoned
 	// wait, may have left: its lease row (by lease_id, unique to the call)
@@ -218,7 +218,7 @@ cleared AS (
 	RETURNING resource
 )
 SELECT count(*) FROM (SELECT resource FROM gone UNION ALL SELECT resource FROM cleared) x,
-	LATERAL pg_notify($4, md5(x.resource))`
+	LATERAL pg_notify($4, pg_catalog.md5(pg_catalog.convert_to(x.resource, 'UTF8')))`
 
 	// Notifications with the same channel and payload in one transaction are
 	// delivered once, so notifying per row is cheap.
@@ -231,7 +231,7 @@ WITH released AS (
 		FOR UPDATE))
 	RETURNING resource
 )
-SELECT count(*) FROM released, LATERAL pg_notify($2, md5(released.resource))`
+SELECT count(*) FROM released, LATERAL pg_notify($2, pg_catalog.md5(pg_catalog.convert_to(released.resource, 'UTF8')))`
 
 	// SKIP LOCKED: a row being renewed, released or judged by an acquirer
 	// right now is left to them.
@@ -244,16 +244,18 @@ WITH swept AS (
 		FOR UPDATE SKIP LOCKED))
 	RETURNING resource
 )
-SELECT count(*) FROM swept, LATERAL pg_notify($1, md5(swept.resource))`
+SELECT count(*) FROM swept, LATERAL pg_notify($1, pg_catalog.md5(pg_catalog.convert_to(swept.resource, 'UTF8')))`
 
 	// List and ListIntents run outside the frame (see exec), and a
 	// timestamp read as text (pgx's Exec and simple protocol modes) is
 	// parsed in the ISO DateStyle only: their times travel as microseconds
 	// since the Unix epoch, exact (extract returns numeric). A time edited
-	// by hand to 'infinity' or '-infinity' (which extract cannot cast to
-	// int8) travels as the largest or smallest int8.
+	// by hand to 'infinity' or '-infinity' (extract gives numeric
+	// Infinity, which int8 cannot hold), or to a finite one past the year
+	// 294247 (timestamptz reaches 294276), travels as the largest or
+	// smallest int8.
 	listSQL = `
-SELECT resource, owner, mode, token, CASE WHEN pg_catalog.isfinite(acquired_at) THEN (pg_catalog.extract('epoch', acquired_at) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8 WHEN acquired_at > pg_catalog.now() THEN 9223372036854775807 ELSE -9223372036854775808 END, CASE WHEN pg_catalog.isfinite(expires_at) THEN (pg_catalog.extract('epoch', expires_at) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8 WHEN expires_at > pg_catalog.now() THEN 9223372036854775807 ELSE -9223372036854775808 END, metadata, expires_at <= pg_catalog.now()
+SELECT resource, owner, mode, token, LEAST(GREATEST(pg_catalog.extract('epoch', acquired_at) OPERATOR(pg_catalog.*) 1000000, -9223372036854775808), 9223372036854775807)::pg_catalog.int8, LEAST(GREATEST(pg_catalog.extract('epoch', expires_at) OPERATOR(pg_catalog.*) 1000000, -9223372036854775808), 9223372036854775807)::pg_catalog.int8, metadata, expires_at <= pg_catalog.now()
 FROM {holders}
 WHERE ($1::pg_catalog.text IS NULL OR resource = $1::pg_catalog.text)
   AND ($2::pg_catalog.text IS NULL OR owner = $2::pg_catalog.text)
@@ -263,7 +265,7 @@ ORDER BY resource, token`
 	// Writer intents: one per resource at most. $1 resource filter, $2
 	// include intents past their lifetime (they block nobody).
 	intentsSQL = `
-SELECT resource, CASE WHEN pg_catalog.isfinite(writer_intent_until) THEN (pg_catalog.extract('epoch', writer_intent_until) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8 WHEN writer_intent_until > pg_catalog.now() THEN 9223372036854775807 ELSE -9223372036854775808 END, writer_intent_until <= pg_catalog.now()
+SELECT resource, LEAST(GREATEST(pg_catalog.extract('epoch', writer_intent_until) OPERATOR(pg_catalog.*) 1000000, -9223372036854775808), 9223372036854775807)::pg_catalog.int8, writer_intent_until <= pg_catalog.now()
 FROM {resources}
 WHERE writer_intent IS NOT NULL
   AND ($1::pg_catalog.text IS NULL OR resource = $1::pg_catalog.text)

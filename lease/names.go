@@ -93,9 +93,11 @@ func defaultChannel(qualifiedTable string) string {
 	return "pgxlock_lease_" + hex.EncodeToString(sum[:8])
 }
 
-// wakeKey is the NOTIFY payload for a resource: md5(resource) as lowercase
-// hex, computed by the server in SQL (md5(text) hashes the UTF-8 bytes on a
-// UTF8 database) and here for matching. A fixed-size payload keeps long or
+// wakeKey is the NOTIFY payload for a resource: the md5 of its UTF-8 bytes
+// as lowercase hex, computed by the server in SQL
+// (md5(convert_to(resource, 'UTF8')): md5(text) would hash the bytes of the
+// database's encoding, which differ from UTF-8's for non-ASCII text on a
+// LATIN1 or EUC_JP database) and here for matching. A fixed-size payload keeps long or
 // hostile resource names out of the 8000-byte payload limit and out of any
 // tool that prints notifications.
 func wakeKey(resource string) string {

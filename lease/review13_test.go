@@ -3,10 +3,12 @@ package lease_test
 import (
 	"context"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -203,4 +205,99 @@ func TestRenewTracerPanicIsRecovered(t *testing.T) {
 		return l.Renew(ctx) // and a renewal of the caller's own
 	})
 	require.NoError(t, err, "Do and its renewals went on")
+}
+
+// Review round 14: a finite time past the year 294247 (PostgreSQL's
+// timestamptz reaches 294276) overflowed List's int8 microseconds (22003)
+// for the whole table; it reads as the largest time, as 'infinity' does.
+func TestTimesPastUnixMicrosRange(t *testing.T) {
+	p1, _, schema := twoPools(t)
+	ctx := testCtx(t)
+	m := newManager(t, p1, schema, lease.ManagerConfig{TTL: time.Minute})
+	holders := pgx.Identifier{schema, lease.DefaultTable}.Sanitize()
+	resources := pgx.Identifier{schema, lease.DefaultTable + "_resources"}.Sanitize()
+	_, err := m.TryAcquire(ctx, "far", nil)
+	require.NoError(t, err)
+	mustExec(t, p1, "UPDATE "+holders+" SET expires_at = '294276-12-31 23:59:59+00' WHERE resource = 'far'")
+	mustExec(t, p1, "UPDATE "+resources+" SET writer_intent = 'w', writer_intent_until = '294270-01-01 00:00:00+00' WHERE resource = 'far'")
+	hs, err := m.List(ctx, nil)
+	require.NoError(t, err)
+	require.Len(t, hs, 1)
+	assert.True(t, hs[0].ExpiresAt.Equal(time.UnixMicro(math.MaxInt64)), "ExpiresAt %v", hs[0].ExpiresAt)
+	in, err := m.ListIntents(ctx, nil)
+	require.NoError(t, err)
+	require.Len(t, in, 1)
+	assert.True(t, in[0].Until.Equal(time.UnixMicro(math.MaxInt64)), "Until %v", in[0].Until)
+	_, err = m.TryAcquire(ctx, "far", nil)
+	require.ErrorIs(t, err, lease.ErrNotAcquired)
+}
+
+// Review round 14: on a database whose encoding is not UTF8, the release's
+// NOTIFY payload was md5 of the resource's bytes in that encoding, which
+// the waiters (md5 of the UTF-8 bytes) never matched: a waiter on a
+// non-ASCII resource was not woken, only polled. The payload hashes the
+// UTF-8 bytes now (convert_to).
+func TestReleaseWakesWaiterOnALatin1Database(t *testing.T) {
+	cl := pgtest.Cluster(t)
+	ctx := testCtx(t)
+	cfg, err := pgxpool.ParseConfig(cl.DSN())
+	require.NoError(t, err)
+	p0 := pgtest.NewPool(t, cfg)
+	_, err = p0.Exec(ctx, "CREATE DATABASE l1wake ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+	require.NoError(t, err)
+	cfg = cfg.Copy()
+	cfg.ConnConfig.Database = "l1wake"
+	for _, enc := range []string{"UTF8", "LATIN1"} {
+		t.Run("client_encoding "+enc, func(t *testing.T) {
+			c := cfg.Copy()
+			c.ConnConfig.RuntimeParams["client_encoding"] = enc
+			pool := pgtest.NewPool(t, c)
+			m, err := lease.NewManager(pool, lease.ManagerConfig{Table: "wake_" + strings.ToLower(enc), TTL: time.Minute, PollInterval: 10 * time.Minute})
+			require.NoError(t, err)
+			require.NoError(t, m.Migrate(ctx))
+			// A shared holder, so that the waiting writer's intent shows it waits.
+			held, err := m.TryAcquire(ctx, "café", &lease.AcquireOptions{Mode: lease.Shared})
+			require.NoError(t, err)
+			woken := make(chan error, 1)
+			go func() {
+				wctx, cancel := context.WithTimeout(ctx, 30*time.Second) // far below the 10 min poll and the 1 min TTL
+				defer cancel()
+				l, err := m.Acquire(wctx, "café", nil)
+				if err == nil {
+					err = l.Release(ctx)
+				}
+				woken <- err
+			}()
+			require.Eventually(t, func() bool {
+				in, err := m.ListIntents(ctx, nil)
+				return err == nil && len(in) == 1
+			}, 20*time.Second, 5*time.Millisecond, "the waiter is waiting")
+			require.NoError(t, held.Release(ctx))
+			require.NoError(t, <-woken, "the release's NOTIFY woke the waiter")
+		})
+	}
+}
+
+// The package doc: in QueryExecModeSimpleProtocol pgx itself refuses a
+// session whose client_encoding is not UTF8, before anything is sent; the
+// lease call returns pgx's error.
+func TestSimpleProtocolNeedsUTF8ClientEncoding(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	schema := pgtest.Schema(t, admin)
+	newManager(t, admin, schema, lease.ManagerConfig{TTL: time.Minute})
+	cfg := pgtest.Config(t)
+	cfg.ConnConfig.RuntimeParams["client_encoding"] = "LATIN1"
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	pool, err := pgxpool.NewWithConfig(ctx, cfg) // not pgtest.NewPool: its leak check would run in this pool's mode too
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	m, err := lease.NewManager(pool, lease.ManagerConfig{Schema: schema, TTL: time.Minute})
+	require.NoError(t, err)
+	_, err = m.TryAcquire(ctx, "café", nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "client_encoding=UTF8")
+	var n int
+	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*)::int FROM "+pgx.Identifier{schema, lease.DefaultTable}.Sanitize()).Scan(&n))
+	assert.Zero(t, n, "nothing acquired")
 }

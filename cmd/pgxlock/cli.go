@@ -306,17 +306,119 @@ func parseReason(err error, secrets []string) string {
 }
 
 var (
-	// password='...' or password=... in a key=value string or a URL query
-	// (sslpassword too).
-	// An unquoted value may hold backslash escapes (libpq's key/value
-	// syntax: "ab\ cd" is one value with a space).
-	reKVPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|(?:\\.|[^\s&\\])+)`)
+	// scheme://: a URL, whatever pgx makes of it (with a leading space it
+	// reads it as key=value, and quotes it whole in its error).
+	reURLScheme = regexp.MustCompile(`^\s*[A-Za-z][A-Za-z0-9+.-]*://`)
 	// scheme://user:PASSWORD@host...: everything between the first colon of
 	// the user info and the last @ of the string, which over-masks a
 	// malformed URL (a password with an unescaped / or ? in it, an @ in the
 	// query) rather than show part of a password.
-	reURLUserinfo = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*://[^:/@?#]*:)(.*)@`)
+	reURLUserinfo = regexp.MustCompile(`^(\s*[A-Za-z][A-Za-z0-9+.-]*://[^:/@?#]*:)(.*)@`)
 )
+
+// isPasswordKey reports whether a setting's key (decoded) holds a secret:
+// password, sslpassword, and any other key with "password" in it.
+func isPasswordKey(k string) bool { return strings.Contains(strings.ToLower(k), "password") }
+
+// span is a value's place in a connection string: cs[start:end].
+type span struct {
+	key        string // decoded
+	start, end int
+}
+
+// kvSettings lists the key=value settings of a libpq key/value string:
+// keys up to "=", values single-quoted (with \' and \\ escapes) or
+// unquoted up to whitespace (with backslash escapes). A malformed string
+// gives the settings up to where it stops making sense.
+func kvSettings(cs string) []span {
+	var out []span
+	n, i := len(cs), 0
+	space := func() {
+		for i < n && (cs[i] == ' ' || cs[i] == '\t' || cs[i] == '\n' || cs[i] == '\r' || cs[i] == '\f' || cs[i] == '\v') {
+			i++
+		}
+	}
+	for {
+		space()
+		if i >= n {
+			return out
+		}
+		ks := i
+		for i < n && cs[i] != '=' && cs[i] != ' ' && cs[i] != '\t' && cs[i] != '\n' {
+			i++
+		}
+		key := cs[ks:i]
+		space()
+		if i >= n || cs[i] != '=' {
+			continue // a key without a value: the parser refuses it; go on
+		}
+		i++
+		space()
+		vs := i
+		if i < n && cs[i] == '\'' {
+			for i++; i < n; i++ {
+				if cs[i] == '\\' {
+					i++
+				} else if cs[i] == '\'' {
+					i++
+					break
+				}
+			}
+		} else {
+			for ; i < n && cs[i] != ' ' && cs[i] != '\t' && cs[i] != '\n' && cs[i] != '\r'; i++ {
+				if cs[i] == '\\' {
+					i++
+				}
+			}
+		}
+		out = append(out, span{key: key, start: vs, end: min(i, n)})
+	}
+}
+
+// urlSettings lists the query settings of a URL connection string, keys
+// percent-decoded (pass%77ord is password to pgx): the part after the
+// first ? that follows from (the end of the user info), up to a #.
+func urlSettings(cs string, from int) []span {
+	q := strings.IndexByte(cs[from:], '?')
+	if q < 0 {
+		return nil
+	}
+	start := from + q + 1
+	end := len(cs)
+	if h := strings.IndexByte(cs[start:], '#'); h >= 0 {
+		end = start + h
+	}
+	var out []span
+	for i := start; i <= end; {
+		j := strings.IndexAny(cs[i:end], "&;")
+		if j < 0 {
+			j = end - i
+		}
+		seg := cs[i : i+j]
+		if k, _, ok := strings.Cut(seg, "="); ok {
+			key := k
+			if d, err := url.QueryUnescape(k); err == nil {
+				key = d
+			}
+			out = append(out, span{key: key, start: i + len(k) + 1, end: i + j})
+		}
+		i += j + 1
+	}
+	return out
+}
+
+// settings lists the settings of a connection string in either form, and
+// where a URL's query starts looking (0 for key=value).
+func settings(cs string) []span {
+	if reURLScheme.MatchString(cs) {
+		from := 0
+		if m := reURLUserinfo.FindStringSubmatchIndex(cs); m != nil {
+			from = m[5]
+		}
+		return urlSettings(cs, from)
+	}
+	return kvSettings(cs)
+}
 
 // redactConnString returns the connection string with its passwords
 // replaced by xxxxx, and the replaced values (as written and decoded) so
@@ -338,27 +440,41 @@ func redactConnString(cs string) (string, []string) {
 			secrets = append(secrets, u) // as the parser decoded it
 		}
 	}
-	if m := reURLUserinfo.FindStringSubmatchIndex(cs); m != nil {
-		keep(cs[m[4]:m[5]])
-		cs = cs[:m[4]] + "xxxxx" + cs[m[5]:]
+	// Values to mask, from the end backwards so that earlier offsets hold.
+	var spans []span
+	if reURLScheme.MatchString(cs) {
+		if m := reURLUserinfo.FindStringSubmatchIndex(cs); m != nil {
+			spans = append(spans, span{start: m[4], end: m[5]})
+		}
 	}
-	cs = reKVPassword.ReplaceAllStringFunc(cs, func(kv string) string {
-		sub := reKVPassword.FindStringSubmatch(kv)
-		keep(sub[2])
-		return sub[1] + "xxxxx"
-	})
+	for _, sp := range settings(cs) {
+		if isPasswordKey(sp.key) {
+			spans = append(spans, sp)
+		}
+	}
+	slices.SortFunc(spans, func(a, b span) int { return b.start - a.start })
+	for _, sp := range spans {
+		keep(cs[sp.start:sp.end])
+		cs = cs[:sp.start] + "xxxxx" + cs[sp.end:]
+	}
 	// Longest first, so that a secret containing another is replaced whole.
 	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
 	return cs, secrets
 }
 
 // connectTimeoutSet reports whether the connection string sets
-// connect_timeout (to 0, no timeout, as libpq and pgx read it, included).
-// pgx reports 0 both for that and for no setting; the CLI's default applies
-// to the latter only.
-var reConnectTimeout = regexp.MustCompile(`(?i)(^|[\s?&])connect_timeout\s*=`)
-
-func connectTimeoutSet(cs string) bool { return reConnectTimeout.MatchString(cs) }
+// connect_timeout (to 0, no timeout, as libpq and pgx read it, included):
+// pgx reports 0 both for that and for no setting, and the CLI's default
+// applies to the latter only. (A service file's connect_timeout=0 is not
+// seen here: it reads as unset.)
+func connectTimeoutSet(cs string) bool {
+	for _, sp := range settings(cs) {
+		if strings.EqualFold(sp.key, "connect_timeout") {
+			return true
+		}
+	}
+	return false
+}
 
 // unescapeKV removes the backslash escapes of a key/value connection
 // string's value.

@@ -20,7 +20,8 @@
 // rest that pgx reads, as psql would. Every connection of the CLI has
 // application_name "pgxlock-cli" (whatever the settings say), so its own
 // backends are easy to tell apart in pg_stat_activity and in `pgxlock locks`.
-// A connect timeout of 10 s applies unless connect_timeout is set.
+// A connect timeout of 10 s applies unless connect_timeout is set (to 0 for
+// none, in DATABASE_URL or PGCONNECT_TIMEOUT).
 //
 // # Key syntax
 //
@@ -126,7 +127,8 @@
 // and exits with the command's status (128+N if signal N killed it).
 //
 // Connecting comes first, bounded by the connect timeout (connect_timeout,
-// else 10 s; connect_timeout=0 for none), not by --wait: a server that
+// else 10 s; connect_timeout=0 in DATABASE_URL or PGCONNECT_TIMEOUT for
+// none: a service file's 0 reads as unset), not by --wait: a server that
 // cannot be reached or does not answer exits 69 without waiting for the
 // key. The check for a connection proxy (advisory.DetectProxy: PgBouncer
 // in front exits 69) is part of connecting.

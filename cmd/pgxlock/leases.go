@@ -148,11 +148,11 @@ func writeLeasesText(w io.Writer, now time.Time, holders []lease.Holder, intents
 		if h.Expired {
 			state = "expired"
 		}
-		expires := "in " + fmtDuration(h.ExpiresAt.Sub(now))
+		expires := "in " + fmtBetween(now, h.ExpiresAt)
 		if d := now.Sub(h.ExpiresAt); d >= 0 || h.Expired {
-			expires = fmtDuration(nonNegative(d)) + " ago"
+			expires = fmtBetween(h.ExpiresAt, now) + " ago"
 		}
-		acquired := fmtDuration(nonNegative(now.Sub(h.AcquiredAt))) + " ago"
+		acquired := fmtBetween(h.AcquiredAt, now) + " ago"
 		expires, acquired = infiniteCell(h.ExpiresAt, expires), infiniteCell(h.AcquiredAt, acquired)
 		fmt.Fprintln(tw, strings.Join([]string{
 			quoteCell(h.Resource, 60), h.Mode.String(), state, strconv.FormatInt(h.Token, 10),
@@ -175,9 +175,9 @@ func writeIntentsText(w io.Writer, now time.Time, intents []lease.Intent) error 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "WAITING WRITER FOR\tSTATE\tUNTIL")
 	for _, in := range intents {
-		state, until := "waiting", "in "+fmtDuration(in.Until.Sub(now))
+		state, until := "waiting", "in "+fmtBetween(now, in.Until)
 		if in.Expired {
-			state, until = "lapsed", fmtDuration(nonNegative(now.Sub(in.Until)))+" ago"
+			state, until = "lapsed", fmtBetween(in.Until, now)+" ago"
 		}
 		until = infiniteCell(in.Until, until)
 		fmt.Fprintln(tw, strings.Join([]string{quoteCell(in.Resource, 60), state, until}, "\t"))
@@ -265,13 +265,28 @@ func (t *jsonTime) UnmarshalJSON(b []byte) error {
 }
 
 // secondsUntil is t - now in seconds, or nil (JSON null) when t is
-// 'infinity' or '-infinity'.
+// 'infinity' or '-infinity'. Milliseconds since the epoch, not t.Sub(now):
+// a Duration stops at about 292 years.
 func secondsUntil(t, now time.Time) *float64 {
 	if t.Equal(forever) || t.Equal(never) {
 		return nil
 	}
-	s := float64(t.Sub(now).Milliseconds()) / 1000
+	s := float64(t.UnixMilli()-now.UnixMilli()) / 1000
 	return &s
+}
+
+// fmtBetween formats to - from, at least 0: as fmtDuration, and in years
+// past what a Duration holds (about 292 years).
+func fmtBetween(from, to time.Time) string {
+	ms := to.UnixMilli() - from.UnixMilli()
+	if ms <= 0 {
+		return fmtDuration(0)
+	}
+	const year = 365.25 * 24 * 3600 * 1000
+	if ms > int64(math.MaxInt64/time.Millisecond) {
+		return fmt.Sprintf("%.0fy", float64(ms)/year)
+	}
+	return fmtDuration(time.Duration(ms) * time.Millisecond)
 }
 
 // leasesJSON is the --json document of `leases`; its field names are part

@@ -174,11 +174,12 @@ func TestLeasesShowsInfiniteTimes(t *testing.T) {
 			assert.Equal(t, l.Resource == "gone", l.Expired, l.Resource)
 		case "far":
 			require.NotNil(t, l.In)
-			assert.Greater(t, *l.In, 0.0)
+			assert.Greater(t, *l.In, 5e11, "about 18,000 years, beyond a Duration's 292 (review round 14)")
 		}
 	}
 	code, out, stderr = runCLI(t, nil, "leases", "--table", table)
 	require.Equal(t, 0, code, stderr)
 	assert.Regexp(t, `pinned\s+exclusive\s+live\s.*never`, out)
 	assert.Regexp(t, `gone\s+exclusive\s+expired\s.*-infinity`, out)
+	assert.Regexp(t, `far\s+exclusive\s+live\s.*in 179[0-9]{2}y`, out, "years, not a Duration's saturated 106751d")
 }

@@ -24,6 +24,13 @@ func TestBadConnectionSettingsMaskOddPasswords(t *testing.T) {
 	}{
 		{[]string{"DATABASE_URL=postgres://u:se/cret@host:5432/db"}, []string{"se/cret", "cret@"}},
 		{[]string{`DATABASE_URL=host=h password=ab\ cdsecret sslmode=bogus`}, []string{"cdsecret", `ab\ cd`, "ab cd"}},
+		// Review round 14: a URL pgx reads as key=value (a leading space or
+		// tab), a percent-encoded key, an & inside a key=value password.
+		{[]string{"DATABASE_URL= postgres://bob:SECRET@127.0.0.1:5432/db"}, []string{"SECRET"}},
+		{[]string{"DATABASE_URL=\tpostgresql://bob:SECRET@127.0.0.1:5432/db"}, []string{"SECRET"}},
+		{[]string{"DATABASE_URL=postgres://bob@127.0.0.1/db?pass%77ord=SECRET&sslmode=bogus"}, []string{"SECRET"}},
+		{[]string{"DATABASE_URL=host=h password=ab&SECRET sslmode=bogus"}, []string{"SECRET"}},
+		{[]string{"DATABASE_URL=host=h sslpassword='a b SECRET' sslmode=bogus"}, []string{"SECRET"}},
 	} {
 		code, _, errOut := runInProcess(t, tc.env, "locks")
 		assert.Equal(t, exitUsage, code, "%v: %s", tc.env, errOut)
@@ -48,6 +55,10 @@ func TestConnectTimeoutZeroIsKept(t *testing.T) {
 		{env{"DATABASE_URL=postgres://u@127.0.0.1/db?connect_timeout=3"}, 3 * time.Second},
 		{env{"DATABASE_URL=postgres://u@127.0.0.1/db"}, connectTimeout},
 		{env{"DATABASE_URL=host=127.0.0.1 application_name=connect_timeout"}, connectTimeout},
+		// Review round 14: inside another value it is not the setting.
+		{env{"DATABASE_URL=host=127.0.0.1 password='x connect_timeout=1'"}, connectTimeout},
+		{env{"DATABASE_URL=postgres://u@127.0.0.1/db?application_name=connect_timeout%3D0"}, connectTimeout},
+		{env{"DATABASE_URL=postgres://u@127.0.0.1/db?connect%5Ftimeout=0"}, 0},
 	} {
 		cfg, err := connConfig(tc.env)
 		require.NoError(t, err, "%v", tc.env)
