@@ -218,8 +218,9 @@ func (s *keySet) queueTryAbort(b *pgx.Batch, shared bool) {
 func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options, try bool, b *pgx.Batch) error {
 	// The call's state on the heap: what it asks for, and its wait's bound.
 	call := &struct {
-		r  request
-		bw boundWait
+		r      request
+		bw     boundWait
+		locked bool // the current attempt's locks answered (batchAttempt.lockedOut)
 	}{}
 	r := &call.r
 	r.set(l, xactOp(try), opts, try)
@@ -244,18 +245,38 @@ func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options
 	defer func() { l.unpin(c) }()
 	defer t.leave() // idempotent
 
+	// A reader that panics (or exits its goroutine) unwinds past the
+	// tracing below: the acquisition, and the lock where it was granted,
+	// end here, once each, as a callback's panic ends them in WithXactLock.
+	spanEnded := false
+	defer func() {
+		if spanEnded {
+			return
+		}
+		if call.locked {
+			sp.acquired(nil)
+			sp.released(errors.New("batch reader panicked; connection destroyed"))
+			return
+		}
+		sp.acquired(&LockError{Op: op, Keys: s.all, Err: errors.New("advisory: a batch reader panicked; connection destroyed")})
+	}()
+
 	for retried := false; ; retried = true {
 		// The check reads b as pgx will send it on this connection (its
 		// QueryExecMode, its QueryRewriters): see batchsql.go.
+		spanEnded = false // a retry: the span is open again until the attempt returns
 		checked, i, why, found := checkBatch(ctx, c.Conn(), b)
 		if found {
+			spanEnded = true
 			err = &LockError{Op: op, Keys: s.all, Err: invalid("statement %d of the batch is refused: %s: the call's transaction must hold the keys until its own COMMIT", i, why)}
 			sp.acquired(err)
 			return err
 		}
-		x := batchAttempt{l: l, ctx: ctx, wctx: wctx, c: c, s: s, op: op, shared: shared, try: try, checked: checked}
+		call.locked = false
+		x := batchAttempt{l: l, ctx: ctx, wctx: wctx, c: c, s: s, op: op, shared: shared, try: try, checked: checked, lockedOut: &call.locked}
 		err = x.run(b)
-		t.leave() // the lock statement is over, whatever its outcome
+		spanEnded = true // every path below ends the span itself
+		t.leave()        // the lock statement is over, whatever its outcome
 		if x.locked {
 			sp.acquired(nil)
 			sp.released(nil)
@@ -273,6 +294,7 @@ func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options
 		// failed the pipeline before the lock's answer (so before COMMIT),
 		// or nothing was sent. Once more, on a fresh one.
 		if c, err = l.repin(wctx, c); err != nil {
+			spanEnded = true
 			err = &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 			sp.acquired(err)
 			return err
@@ -304,6 +326,7 @@ type batchAttempt struct {
 	// Set by the result handlers, in pipeline order.
 	txAfter   byte         // the connection's transaction status once the pipeline was read
 	locked    bool         // every lock statement answered: the keys were held
+	lockedOut *bool        // set with locked, for the call's panic path (withXactBatch)
 	committed bool         // COMMIT answered COMMIT
 	readErr   *ReaderError // the first reader error
 	stmtErr   error        // the first failure of a statement of b (failed1)
@@ -353,7 +376,7 @@ func (x *batchAttempt) run(b *pgx.Batch) error {
 	} else {
 		x.s.queue(p, kindXactLock, x.shared, bound, nil)
 	}
-	p.QueuedQueries[p.Len()-1].Exec(func(pgconn.CommandTag) error { x.locked = true; return nil })
+	p.QueuedQueries[p.Len()-1].Exec(func(pgconn.CommandTag) error { x.locked, *x.lockedOut = true, true; return nil })
 	if timeout != "" {
 		p.Queue(sqlRestoreTimeout)
 	}

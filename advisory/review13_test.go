@@ -8,11 +8,13 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlock/pgxlock/advisory"
 	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/keys"
 )
 
 // panicTracer panics in the event named by at.
@@ -120,4 +122,74 @@ func TestListLocksUnprivilegedSeesEmptyQuery(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, locks, 1)
 	assert.Contains(t, locks[0].Query, "pg_advisory_lock", "a superuser sees it")
+}
+
+// countTracer counts events and records a context value it set at start.
+type countTracer struct {
+	mu                       sync.Mutex
+	starts, ends, rels, seen int
+	key                      any
+}
+
+func (c *countTracer) TraceAcquireStart(ctx context.Context, _ advisory.TraceAcquireStartData) context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.starts++
+	return context.WithValue(ctx, c, c) // a key of its own
+}
+
+func (c *countTracer) TraceAcquireEnd(ctx context.Context, _ advisory.TraceAcquireEndData) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ends++
+	if ctx.Value(c) == c {
+		c.seen++
+	}
+}
+
+func (c *countTracer) TraceRelease(context.Context, advisory.TraceReleaseData) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.rels++
+}
+
+// Review round 14: in a MultiTracer, a tracer that panicked in
+// TraceAcquireStart dropped the context the tracers before it had built
+// (their TraceAcquireEnd got the caller's), and one that panicked in any
+// event kept it from the tracers after it. Every tracer now gets every
+// event, with its own context.
+func TestMultiTracerPanicKeepsTheOthers(t *testing.T) {
+	ctx := testCtx(t)
+	for _, at := range []string{"TraceAcquireStart", "TraceAcquireEnd", "TraceRelease"} {
+		t.Run(at, func(t *testing.T) {
+			before, after := &countTracer{}, &countTracer{}
+			logs := &syncBuffer{}
+			l := newLocker(t, pgtest.Pool(t), advisory.Config{Tracer: advisory.MultiTracer{before, panicTracer{at: at}, after},
+				Logger: slog.New(slog.NewTextHandler(logs, nil))})
+			require.NoError(t, l.WithLock(ctx, key(t), nil, func(context.Context, *pgx.Conn) error { return nil }))
+			for name, c := range map[string]*countTracer{"before": before, "after": after} {
+				assert.Equal(t, 1, c.starts, name)
+				assert.Equal(t, 1, c.ends, name)
+				assert.Equal(t, 1, c.seen, "%s: TraceAcquireEnd got the context its TraceAcquireStart returned", name)
+				assert.Equal(t, 1, c.rels, name)
+			}
+			assert.Contains(t, logs.String(), "tracer panicked")
+		})
+	}
+}
+
+// Review round 14: a WithXactLockBatch reader that panics (re-raised, as
+// documented) skipped the batch's tracing: TraceAcquireEnd never came, and
+// a gauge of acquisitions in progress stayed up for good. The acquisition
+// and the lock end once each.
+func TestBatchReaderPanicEndsTheTrace(t *testing.T) {
+	ctx := testCtx(t)
+	c := &countTracer{}
+	l := newLocker(t, pgtest.Pool(t), advisory.Config{Tracer: c})
+	b := &pgx.Batch{}
+	b.Queue("SELECT 1").Exec(func(pgconn.CommandTag) error { panic("reader bug") })
+	require.Panics(t, func() { _ = l.WithXactLockBatch(ctx, []keys.Key{key(t)}, nil, b) })
+	assert.Equal(t, 1, c.starts)
+	assert.Equal(t, 1, c.ends, "the acquisition ended")
+	assert.Equal(t, 1, c.rels, "and the lock, granted before the reader ran")
 }

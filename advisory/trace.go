@@ -3,6 +3,7 @@ package advisory
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -15,10 +16,13 @@ import (
 // caller's goroutine (TraceLost on the watcher's when the watcher finds
 // the loss, else on the unlocking caller's) and must be fast and
 // safe for concurrent use. A tracer that panics is recovered: the panic is
-// logged with Config.Logger at level Error, the event's other tracers (in
-// a MultiTracer, those after it) miss that event, and the call goes on as
-// if it had returned, so that a broken tracer never leaves a lock or a
-// connection behind. Keys in trace data are the call's keys, sorted
+// logged with Config.Logger at level Error, and the call goes on as if it
+// had returned, so that a broken tracer never leaves a lock or a
+// connection behind; in a MultiTracer the other tracers still get the
+// event, and the context that TraceAcquireStart built before the panic is
+// kept. (A tracer must not call runtime.Goexit, as t.FailNow does: that
+// cannot be recovered, and ends the goroutine with the call's lock and
+// connection as they are.) Keys in trace data are the call's keys, sorted
 // and de-duplicated; they must not be retained and modified.
 
 // Scope is a lock's lifetime: a session or a transaction.
@@ -130,39 +134,84 @@ type LostTracer interface {
 }
 
 // MultiTracer fans every event out to each of its tracers that implements
-// the event's interface, in order.
+// the event's interface, in order. A tracer that panics does not keep the
+// event from those after it: once all have had it, the first panic goes on
+// (carrying, from TraceAcquireStart, the context built so far, which a
+// Locker keeps; see "Tracing" above).
 type MultiTracer []AcquireTracer
+
+// TracerPanic is what a MultiTracer's TraceAcquireStart panics with when one
+// of its tracers panicked: the tracer's panic value, and the context the
+// tracers built (those before the panicking one, and those after it).
+type TracerPanic struct {
+	Value any
+	Ctx   context.Context
+}
+
+// Error describes the panic.
+func (p *TracerPanic) Error() string { return fmt.Sprintf("advisory: tracer panicked: %v", p.Value) }
+
+// guarded runs fn and returns its panic value, nil when it returned.
+func guarded(fn func()) (v any) {
+	defer func() { v = recover() }()
+	fn()
+	return nil
+}
 
 // TraceAcquireStart implements AcquireTracer.
 func (m MultiTracer) TraceAcquireStart(ctx context.Context, data TraceAcquireStartData) context.Context {
+	var first any
 	for _, t := range m {
-		ctx = t.TraceAcquireStart(ctx, data)
+		if v := guarded(func() { ctx = t.TraceAcquireStart(ctx, data) }); v != nil && first == nil {
+			first = v
+		}
+	}
+	if first != nil {
+		panic(&TracerPanic{Value: first, Ctx: ctx})
 	}
 	return ctx
 }
 
 // TraceAcquireEnd implements AcquireTracer.
 func (m MultiTracer) TraceAcquireEnd(ctx context.Context, data TraceAcquireEndData) {
+	var first any
 	for _, t := range m {
-		t.TraceAcquireEnd(ctx, data)
+		if v := guarded(func() { t.TraceAcquireEnd(ctx, data) }); v != nil && first == nil {
+			first = v
+		}
+	}
+	if first != nil {
+		panic(first)
 	}
 }
 
 // TraceRelease implements ReleaseTracer.
 func (m MultiTracer) TraceRelease(ctx context.Context, data TraceReleaseData) {
+	var first any
 	for _, t := range m {
 		if rt, ok := t.(ReleaseTracer); ok {
-			rt.TraceRelease(ctx, data)
+			if v := guarded(func() { rt.TraceRelease(ctx, data) }); v != nil && first == nil {
+				first = v
+			}
 		}
+	}
+	if first != nil {
+		panic(first)
 	}
 }
 
 // TraceLost implements LostTracer.
 func (m MultiTracer) TraceLost(ctx context.Context, data TraceLostData) {
+	var first any
 	for _, t := range m {
 		if lt, ok := t.(LostTracer); ok {
-			lt.TraceLost(ctx, data)
+			if v := guarded(func() { lt.TraceLost(ctx, data) }); v != nil && first == nil {
+				first = v
+			}
 		}
+	}
+	if first != nil {
+		panic(first)
 	}
 }
 
@@ -201,17 +250,25 @@ func (l *Locker) initSpanInTx(s *span, ctx context.Context, ks []keys.Key, share
 }
 
 func (s *span) traceStart() {
-	defer s.recoverTracer("TraceAcquireStart")
-	s.ctx = s.l.cfg.Tracer.TraceAcquireStart(s.ctx, s.data)
+	if v := guarded(func() { s.ctx = s.l.cfg.Tracer.TraceAcquireStart(s.ctx, s.data) }); v != nil {
+		if tp, ok := v.(*TracerPanic); ok { // a MultiTracer's: keep what its other tracers built
+			s.ctx, v = tp.Ctx, tp.Value
+		}
+		s.logPanic("TraceAcquireStart", v)
+	}
 }
 
 // recoverTracer, deferred around a tracer's call, logs and drops its panic
 // (see "Tracing" above): the call's own cleanup must still run.
 func (s *span) recoverTracer(event string) {
 	if r := recover(); r != nil {
-		s.l.log.ErrorContext(s.ctx, "advisory: tracer panicked; the event was dropped",
-			"event", event, "panic", r, "scope", s.data.Scope, "keys", keyStrings(s.data.Keys))
+		s.logPanic(event, r)
 	}
+}
+
+func (s *span) logPanic(event string, v any) {
+	s.l.log.ErrorContext(s.ctx, "advisory: tracer panicked; the event was dropped",
+		"event", event, "panic", v, "scope", s.data.Scope, "keys", keyStrings(s.data.Keys))
 }
 
 // acquired ends the acquisition with err (nil: acquired).

@@ -39,7 +39,11 @@
 // the registered keys.Namespace of the call's pair keys, "none" for bigint
 // keys (plain or hashed) and "mixed" for a call whose keys span several.
 // Only registered namespaces appear, so the series stay bounded by code,
-// not by data.
+// not by data. The label is looked up at each event: register namespaces
+// before the process locks in them (in init, or at the start of main), or
+// a lock taken before its namespace was registered is counted under "none"
+// at its acquisition and under its name at its release, and pgxlock_held
+// drifts by one in each.
 //
 // # Dashboard
 //

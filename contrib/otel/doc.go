@@ -36,6 +36,10 @@
 // and pgxlock.held does not count it: its end, the caller's COMMIT or
 // ROLLBACK, is not an event the library sees.
 //
+// Namespace attributes are looked up at each event, as in package metrics:
+// register namespaces before the process locks in them, or pgxlock.held
+// drifts for a lock taken before its namespace was registered.
+//
 // A span never carries a key, the string a key was hashed from, or an
 // error's text (which names keys): only the number of keys and their
 // registered namespace.
