@@ -128,7 +128,6 @@ func TestListLocksUnprivilegedSeesEmptyQuery(t *testing.T) {
 type countTracer struct {
 	mu                       sync.Mutex
 	starts, ends, rels, seen int
-	key                      any
 }
 
 func (c *countTracer) TraceAcquireStart(ctx context.Context, _ advisory.TraceAcquireStartData) context.Context {
