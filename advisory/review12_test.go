@@ -5,11 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -83,68 +80,15 @@ func TestBoundedXactCallsOnFrozenFirstLend(t *testing.T) {
 	}
 }
 
-// delaying proxy: holds each client chunk containing pattern for delay (order kept).
-type delayProxy struct {
-	ln    net.Listener
-	armed atomic.Bool
-	hits  atomic.Int64
-	wg    sync.WaitGroup
-}
-
-func newDelayProxy(t *testing.T, pattern string, delay time.Duration) *delayProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	target := delayProxyTarget(t)
-	p := &delayProxy{ln: ln}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		for {
-			cc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			sc, err := net.Dial("tcp", target)
-			if err != nil {
-				cc.Close()
-				continue
-			}
-			p.wg.Add(2)
-			go func() { defer p.wg.Done(); _, _ = io.Copy(cc, sc); cc.Close(); sc.Close() }()
-			go func() {
-				defer p.wg.Done()
-				defer cc.Close()
-				defer sc.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := cc.Read(buf)
-					if n > 0 {
-						if p.armed.Load() && bytes.Contains(buf[:n], []byte(pattern)) {
-							p.hits.Add(1)
-							time.Sleep(delay)
-						}
-						if _, werr := sc.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	t.Cleanup(func() { ln.Close(); p.wg.Wait() })
-	return p
-}
-
 // Session callback under the lock, first Lend's identity read answered late
 // (after CleanupTimeout): the Locker still calls fn, on a connection out of
 // step with its answers.
 func TestWithLockLateIdentityAnswerNeverReachesTheCallback(t *testing.T) {
 	ctx := testCtx(t)
-	px := newDelayProxy(t, "session_user::pg_catalog.text", 600*time.Millisecond)
-	cfg := proxiedPoolConfig(t, px.ln.Addr().String())
+	px, err := tcpproxy.New("tcp", delayProxyTarget(t))
+	require.NoError(t, err)
+	defer px.Close()
+	cfg := proxiedPoolConfig(t, "127.0.0.1:"+strconv.Itoa(px.Port()))
 	cfg.ConnConfig.TLSConfig = nil // the proxy reads the statements' text
 	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 	pool := pgtest.NewPool(t, cfg)
@@ -152,14 +96,14 @@ func TestWithLockLateIdentityAnswerNeverReachesTheCallback(t *testing.T) {
 	// Warm the Locker on a connection, then drop it.
 	require.NoError(t, l.WithLock(ctx, key(t), nil, func(context.Context, *pgx.Conn) error { return nil }))
 	pool.Reset()
-	px.armed.Store(true)
+	px.Delay([]byte("session_user::pg_catalog.text"), 600*time.Millisecond)
 	var a, b string
-	err := l.WithLock(ctx, key(t), nil, func(ctx context.Context, c *pgx.Conn) error {
+	err = l.WithLock(ctx, key(t), nil, func(ctx context.Context, c *pgx.Conn) error {
 		return c.QueryRow(ctx, "SELECT 'mine-a'::text, 'mine-b'::text").Scan(&a, &b)
 	})
-	px.armed.Store(false)
-	t.Logf("WithLock err=%v hits=%d", err, px.hits.Load())
-	require.Equal(t, int64(1), px.hits.Load())
+	px.Delay(nil, 0)
+	t.Logf("WithLock err=%v delayed=%d", err, px.Delayed())
+	require.Equal(t, int64(1), px.Delayed())
 	// Now: the first Lend's failure closes the connection (ending the
 	// session and its lock), the callback does not run, and the call
 	// fails with ErrNoConnection.

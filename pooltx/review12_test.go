@@ -1,14 +1,10 @@
 package pooltx_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -114,67 +110,6 @@ func TestCloseReadAfterStatementNeverReachesNextBorrower(t *testing.T) {
 	require.Zero(t, bad, "next borrower failed %d of %d times; first: %v", bad, n, firstErr)
 }
 
-// delayProxy forwards to the test server and, while armed, holds each
-// client chunk containing pattern for delay before forwarding it (order
-// kept: later chunks wait behind it).
-type delayProxy struct {
-	ln      net.Listener
-	target  string
-	pattern []byte
-	delay   time.Duration
-	armed   atomic.Bool
-	hits    atomic.Int64
-	wg      sync.WaitGroup
-}
-
-func newDelayProxy(t *testing.T, target string, pattern string, delay time.Duration) *delayProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &delayProxy{ln: ln, target: target, pattern: []byte(pattern), delay: delay}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		for {
-			cc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			sc, err := net.Dial("tcp", target)
-			if err != nil {
-				cc.Close()
-				continue
-			}
-			p.wg.Add(2)
-			go func() { defer p.wg.Done(); _, _ = io.Copy(cc, sc); cc.Close(); sc.Close() }()
-			go func() {
-				defer p.wg.Done()
-				defer cc.Close()
-				defer sc.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := cc.Read(buf)
-					if n > 0 {
-						if p.armed.Load() && bytes.Contains(buf[:n], p.pattern) {
-							p.hits.Add(1)
-							time.Sleep(p.delay)
-						}
-						if _, werr := sc.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	t.Cleanup(func() { ln.Close(); p.wg.Wait() })
-	return p
-}
-
-func (p *delayProxy) addr() string { return p.ln.Addr().String() }
-
 func proxiedConfig(t *testing.T, addr string) *pgxpool.Config {
 	cfg := pgtest.Config(t)
 	host, port, err := net.SplitHostPort(addr)
@@ -197,22 +132,23 @@ func proxiedConfig(t *testing.T, addr string) *pgxpool.Config {
 // statement's. Acquire now destroys that connection and fails.
 func TestLateIdentityAnswerNeverReachesTheCallback(t *testing.T) {
 	ctx := testCtx(t)
-	px := newDelayProxy(t, net.JoinHostPort(pgtest.Config(t).ConnConfig.Host, itoa(pgtest.Config(t).ConnConfig.Port)),
-		"session_user::pg_catalog.text", 600*time.Millisecond)
-	cfg := proxiedConfig(t, px.addr())
+	px, err := tcpproxy.New("tcp", net.JoinHostPort(pgtest.Config(t).ConnConfig.Host, itoa(pgtest.Config(t).ConnConfig.Port)))
+	require.NoError(t, err)
+	defer px.Close()
+	cfg := proxiedConfig(t, "127.0.0.1:"+itoa(uint16(px.Port())))
 	cfg.ConnConfig.TLSConfig = nil // the proxy reads the statements' text
 	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 	pool := pgtest.NewPool(t, cfg)
-	px.armed.Store(true)
+	px.Delay([]byte("session_user::pg_catalog.text"), 600*time.Millisecond)
 	var a, b string
 	start := time.Now()
-	err := pooltx.WithConn(ctx, pool, &pooltx.ConnOptions{CleanupTimeout: 200 * time.Millisecond}, func(ctx context.Context, c *pooltx.Conn) error {
+	err = pooltx.WithConn(ctx, pool, &pooltx.ConnOptions{CleanupTimeout: 200 * time.Millisecond}, func(ctx context.Context, c *pooltx.Conn) error {
 		t.Logf("callback runs after %v; Dirty()=%v", time.Since(start), c.Dirty())
 		return c.Conn().QueryRow(ctx, "SELECT 'mine-a'::text, 'mine-b'::text").Scan(&a, &b)
 	})
-	px.armed.Store(false)
-	t.Logf("WithConn err=%v hits=%d", err, px.hits.Load())
-	require.Equal(t, int64(1), px.hits.Load())
+	px.Delay(nil, 0)
+	t.Logf("WithConn err=%v delayed=%d", err, px.Delayed())
+	require.Equal(t, int64(1), px.Delayed())
 	// Now: Acquire destroys the connection whose identity read was cut and
 	// returns the error; the callback never runs on it.
 	require.Error(t, err)

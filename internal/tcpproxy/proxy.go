@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Proxy forwards TCP connections from a loopback port to a server, and can cut the
@@ -28,6 +29,14 @@ type Proxy struct {
 	dropNext    atomic.Bool            // DropNextAnswer armed: the next server bytes are dropped
 	swallow     atomic.Pointer[[]byte] // Swallow's pattern; nil: none
 	swallowed   atomic.Int64           // reads Swallow dropped
+	delay       atomic.Pointer[delay]  // Delay's pattern and time; nil: none
+	delayed     atomic.Int64           // reads Delay held
+}
+
+// delay is what Delay holds and for how long.
+type delay struct {
+	pattern []byte
+	d       time.Duration
 }
 
 // link is one proxied connection.
@@ -114,6 +123,10 @@ func (p *Proxy) pump(l *link, dst, src net.Conn, count *atomic.Int64, fromServer
 				p.swallowed.Add(1)
 				continue // swallowed: the server never sees it, nor answers
 			}
+			if dl := p.delay.Load(); dl != nil && bytes.Contains(buf[:n], dl.pattern) {
+				p.delayed.Add(1)
+				time.Sleep(dl.d) // a slow network for this request: what follows waits behind it
+			}
 		}
 		if n > 0 && !l.cut.Load() {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -162,6 +175,21 @@ func (p *Proxy) Swallow(pattern []byte) {
 	pat := bytes.Clone(pattern)
 	p.swallow.Store(&pat)
 }
+
+// Delay holds, from now on, every read of client bytes that contains pattern for d before
+// forwarding it (what the client sends after it waits behind it, in order): a request, or
+// a network, slow for that request alone, so that its answer comes late. Delay(nil, 0)
+// ends it. A pattern split across two reads is not seen.
+func (p *Proxy) Delay(pattern []byte, d time.Duration) {
+	if pattern == nil {
+		p.delay.Store(nil)
+		return
+	}
+	p.delay.Store(&delay{pattern: bytes.Clone(pattern), d: d})
+}
+
+// Delayed returns how many client reads Delay has held.
+func (p *Proxy) Delayed() int64 { return p.delayed.Load() }
 
 // Swallowed returns how many client reads Swallow has dropped.
 func (p *Proxy) Swallowed() int64 { return p.swallowed.Load() }
