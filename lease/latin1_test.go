@@ -21,16 +21,8 @@ import (
 // out before SQL; the server refuses it with SQLSTATE 22P05 in the chain of
 // an *Error (not ErrInvalid), and nothing is acquired.
 func TestLatin1DatabaseUntranslatableText(t *testing.T) {
-	cl := pgtest.Cluster(t)
 	ctx := testCtx(t)
-	cfg, err := pgxpool.ParseConfig(cl.DSN())
-	require.NoError(t, err)
-	p0 := pgtest.NewPool(t, cfg)
-	_, err = p0.Exec(ctx, "CREATE DATABASE l1 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
-	require.NoError(t, err)
-	cfg = cfg.Copy()
-	cfg.ConnConfig.Database = "l1"
-	pool := pgtest.NewPool(t, cfg)
+	pool := pgtest.NewPool(t, latin1Database(t, "l1"))
 	m, err := lease.NewManager(pool, lease.ManagerConfig{TTL: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, m.Migrate(ctx))
@@ -49,4 +41,18 @@ func TestLatin1DatabaseUntranslatableText(t *testing.T) {
 	l, err := m.TryAcquire(ctx, "r", &lease.AcquireOptions{Metadata: json.RawMessage(`{"k":"\u00e9"}`)})
 	require.NoError(t, err, "an escape LATIN1 can represent is fine")
 	require.NoError(t, l.Release(ctx))
+}
+
+// latin1Database creates database name, encoded LATIN1, on a throwaway
+// cluster of the test's own (databases are cluster-wide: not on the shared
+// server), and returns a pool configuration for it.
+func latin1Database(t *testing.T, name string) *pgxpool.Config {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.Cluster(t).DSN())
+	require.NoError(t, err)
+	_, err = pgtest.NewPool(t, cfg).Exec(testCtx(t), "CREATE DATABASE "+name+" ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+	require.NoError(t, err)
+	cfg = cfg.Copy()
+	cfg.ConnConfig.Database = name
+	return cfg
 }

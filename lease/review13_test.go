@@ -238,15 +238,8 @@ func TestTimesPastUnixMicrosRange(t *testing.T) {
 // non-ASCII resource was not woken, only polled. The payload hashes the
 // UTF-8 bytes now (convert_to).
 func TestReleaseWakesWaiterOnALatin1Database(t *testing.T) {
-	cl := pgtest.Cluster(t)
 	ctx := testCtx(t)
-	cfg, err := pgxpool.ParseConfig(cl.DSN())
-	require.NoError(t, err)
-	p0 := pgtest.NewPool(t, cfg)
-	_, err = p0.Exec(ctx, "CREATE DATABASE l1wake ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
-	require.NoError(t, err)
-	cfg = cfg.Copy()
-	cfg.ConnConfig.Database = "l1wake"
+	cfg := latin1Database(t, "l1wake")
 	for _, enc := range []string{"UTF8", "LATIN1"} {
 		t.Run("client_encoding "+enc, func(t *testing.T) {
 			c := cfg.Copy()
