@@ -195,6 +195,13 @@ var (
 			})
 		}}
 
+	// The A/A controls: the baseline's own code on a pool of its own, timed
+	// in the same interleaved slices. Its ratio to the baseline is what
+	// this machine's noise alone gives a ratio (BENCHMARKS.md, "the noise
+	// floor"): a target closer to 1 than that spread cannot be judged by
+	// one run.
+	rawLockUnlockAA = aaControl(rawLockUnlock)
+
 	rawTryUnlock = Contender{Name: "raw pgx try/unlock", Impl: "raw pgx",
 		New: func(ctx context.Context, e *Env, s Spec) (*Instance, error) {
 			return rawInstance(ctx, e, s, func(pool *pgxpool.Pool) func() Op {
@@ -279,6 +286,8 @@ var (
 				}
 			})
 		}}
+
+	rawXactPipelinedAA = aaControl(rawXactPipelined)
 
 	rawXactPipelined = Contender{Name: "raw pgx [BEGIN+lock]; COMMIT (pipelined)", Impl: "raw pgx",
 		Note: "Batch.BeginTx: 2 round trips",
@@ -521,4 +530,12 @@ func withXactLockAllContender(cfg advisory.Config) Contender {
 				}
 			}), nil
 		}}
+}
+
+// aaControl is c again under another name: the same code, measured as one
+// more row of its group (see rawLockUnlockAA).
+func aaControl(c Contender) Contender {
+	c.Name += " (A/A: same code, own pool)"
+	c.Note = "A/A control: the baseline's code again"
+	return c
 }

@@ -50,6 +50,15 @@ func evaluateTargets(res *Results) []Target {
 		add("session helper vs raw lock+unlock (p50)", "<= 1.05x", fmt.Sprintf("%.3fx", r.P50Ratio), yesNo(r.P50Ratio <= 1.05))
 		add("session helper vs raw lock+unlock (p99)", "<= 1.10x", fmt.Sprintf("%.3fx", r.P99Ratio), yesNo(r.P99Ratio <= 1.10))
 	}
+	for _, aa := range []struct{ group, row string }{
+		{"session lock+unlock", rawLockUnlockAA.Name},
+		{"xact helper", rawXactPipelinedAA.Name},
+	} {
+		if r := findUC(res, aa.group, aa.row); r != nil {
+			add(aa.group+": A/A control, the baseline's code vs itself (mean, paired)", "n/a (noise floor)", fmt.Sprintf("%.3fx", r.PairedRatio), "n/a")
+			add(aa.group+": A/A control, the baseline's code vs itself (p50)", "n/a (noise floor)", fmt.Sprintf("%.3fx", r.P50Ratio), "n/a")
+		}
+	}
 	if r := findUC(res, "xact helper", pgxlockWithXactLock.Name); r != nil {
 		add("xact helper vs raw pipelined [BEGIN+lock]; COMMIT (mean, paired)", "<= 1.05x", fmt.Sprintf("%.3fx", r.PairedRatio), yesNo(r.PairedRatio <= 1.05))
 		add("xact helper vs raw pipelined [BEGIN+lock]; COMMIT (p50)", "<= 1.05x", fmt.Sprintf("%.3fx", r.P50Ratio), yesNo(r.P50Ratio <= 1.05))

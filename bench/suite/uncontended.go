@@ -68,12 +68,12 @@ func uncontendedGroups() []ucGroup {
 	}
 	return []ucGroup{
 		{Name: "session lock+unlock", Baseline: rawLockUnlock.Name, Rows: one(
-			pgxlockWithLock, rawLockUnlock, pgxlockLockHandle, gooseSession, gooseTable,
+			pgxlockWithLock, rawLockUnlock, pgxlockLockHandle, rawLockUnlockAA, gooseSession, gooseTable,
 			redislockObtain, redsyncLock, etcdLock)},
 		{Name: "try+unlock", Baseline: rawTryUnlock.Name, Rows: one(
 			pgxlockTryWithLock, rawTryUnlock, redislockTry, redsyncTry, etcdTry)},
 		{Name: "xact helper", Baseline: rawXactPipelined.Name, Rows: one(
-			pgxlockWithXactLock, rawXactPipelined, rawXactNaive)},
+			pgxlockWithXactLock, rawXactPipelined, rawXactNaive, rawXactPipelinedAA)},
 		{Name: "xact batch (3 writes)", Baseline: rawXactBatch3.Name, Rows: one( // batch.go
 			pgxlockXactBatch3, rawXactBatch3, rawXactBatch3Reset, pgxlockWithXactLock3)},
 		{Name: "multi-key session (10 keys)", Baseline: pgxlockWithLock.Name, Rows: []ucRow{
