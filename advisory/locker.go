@@ -201,9 +201,10 @@ func (o *Options) checkTxOptions() error {
 // pooled connection for as long as the lock is held; held locks (Lock,
 // Hold) share holder connections unless Config.DisableMultiplexing is set.
 type Locker struct {
-	pool *pgxpool.Pool
-	cfg  Config
-	log  *slog.Logger
+	pool   *pgxpool.Pool
+	cfg    Config
+	log    *slog.Logger
+	silent bool // no Tracer and a logger that discards: spans need no clock (see span)
 
 	gates   gates   // per-key local wait queues
 	conns   connCap // Config.MaxConns; nil: no cap
@@ -240,7 +241,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Locker, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Locker{pool: pool, cfg: cfg, log: log}
+	l := &Locker{pool: pool, cfg: cfg, log: log, silent: cfg.Tracer == nil && log.Handler() == slog.DiscardHandler}
 	if cfg.MaxConns > 0 {
 		l.conns = make(connCap, cfg.MaxConns)
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgxlock/pgxlock/keys"
 	"github.com/pgxlock/pgxlock/pooltx"
@@ -118,12 +119,38 @@ type keySet struct {
 
 	k1 [1]keys.Key // storage of all for one key: no allocation
 	// Argument storage for one(): pointers to these fields travel as the
-	// statement's arguments, which pgx dereferences, so that the call
-	// allocates neither an []any nor a boxed int64.
+	// statement's arguments, which pgx encodes through their methods
+	// (pgtype.Int64Valuer, pgtype.TextValuer), so that the call allocates
+	// neither an []any nor a boxed int64, and pgx needs no reflection to
+	// reach the value (a plain *int64 it dereferences with reflect, boxing
+	// the int64 again).
 	argv   [3]any
-	v      int64
-	a, b   int32
-	tmoArg string
+	v      int8Arg
+	a, b   int4Arg
+	tmoArg textArg
+}
+
+// int8Arg, int4Arg and textArg are statement arguments passed by pointer
+// (keySet.one). Under the extended protocol with a described statement
+// (pgx's default), pgx's codecs for int8, int4 and text take them by these
+// methods; where pgx knows no parameter type (QueryExecModeExec, the
+// simple protocol) it finds the underlying int64, int32 or string.
+type (
+	int8Arg int64
+	int4Arg int32
+	textArg string
+)
+
+func (a *int8Arg) Int64Value() (pgtype.Int8, error) {
+	return pgtype.Int8{Int64: int64(*a), Valid: true}, nil
+}
+
+func (a *int4Arg) Int64Value() (pgtype.Int8, error) {
+	return pgtype.Int8{Int64: int64(*a), Valid: true}, nil
+}
+
+func (a *textArg) TextValue() (pgtype.Text, error) {
+	return pgtype.Text{String: string(*a), Valid: true}, nil
 }
 
 func newKeySet(ks []keys.Key, max int) (keySet, error) {
@@ -168,9 +195,9 @@ func (s *keySet) init(ks []keys.Key, max int) error {
 // The arguments point into s: they are valid until the next call of one.
 func (s *keySet) one(k kind, shared bool, timeout string) (string, []any) {
 	st := &sqlText[k][b2i(shared)]
-	s.tmoArg = timeout
+	s.tmoArg = textArg(timeout)
 	if v, ok := s.all[0].Int64(); ok {
-		s.v = v
+		s.v = int8Arg(v)
 		s.argv[0] = &s.v
 		if timeout != "" {
 			s.argv[1] = &s.tmoArg
@@ -178,7 +205,8 @@ func (s *keySet) one(k kind, shared bool, timeout string) (string, []any) {
 		}
 		return st.one1, s.argv[:1]
 	}
-	s.a, s.b, _ = s.all[0].Pair()
+	a, b, _ := s.all[0].Pair()
+	s.a, s.b = int4Arg(a), int4Arg(b)
 	s.argv[0], s.argv[1] = &s.a, &s.b
 	if timeout != "" {
 		s.argv[2] = &s.tmoArg

@@ -220,7 +220,7 @@ type span struct {
 	l     *Locker
 	ctx   context.Context // the tracer's context
 	data  TraceAcquireStartData
-	start time.Time
+	start time.Time // zero where the Locker is silent: nothing reads the times
 	got   time.Time
 }
 
@@ -232,8 +232,10 @@ func (l *Locker) startSpan(ctx context.Context, scope Scope, ks []keys.Key, shar
 
 // initSpan is startSpan in place, for a span kept in a call's state.
 func (l *Locker) initSpan(s *span, ctx context.Context, scope Scope, ks []keys.Key, shared, try bool) {
-	*s = span{l: l, ctx: ctx, start: time.Now(),
-		data: TraceAcquireStartData{Keys: ks, Scope: scope, Shared: shared, Try: try}}
+	*s = span{l: l, ctx: ctx, data: TraceAcquireStartData{Keys: ks, Scope: scope, Shared: shared, Try: try}}
+	if !l.silent {
+		s.start = time.Now()
+	}
 	if l.cfg.Tracer != nil {
 		s.traceStart()
 	}
@@ -242,8 +244,10 @@ func (l *Locker) initSpan(s *span, ctx context.Context, scope Scope, ks []keys.K
 // initSpanInTx is initSpan for a lock taken in the caller's transaction
 // (TraceAcquireStartData.CallerTx).
 func (l *Locker) initSpanInTx(s *span, ctx context.Context, ks []keys.Key, shared, try bool) {
-	*s = span{l: l, ctx: ctx, start: time.Now(),
-		data: TraceAcquireStartData{Keys: ks, Scope: ScopeXact, Shared: shared, Try: try, CallerTx: true}}
+	*s = span{l: l, ctx: ctx, data: TraceAcquireStartData{Keys: ks, Scope: ScopeXact, Shared: shared, Try: try, CallerTx: true}}
+	if !l.silent {
+		s.start = time.Now()
+	}
 	if l.cfg.Tracer != nil {
 		s.traceStart()
 	}
@@ -273,6 +277,9 @@ func (s *span) logPanic(event string, v any) {
 
 // acquired ends the acquisition with err (nil: acquired).
 func (s *span) acquired(err error) {
+	if s.l.silent {
+		return // nothing would see the event or its times
+	}
 	s.got = time.Now()
 	out := OutcomeOf(err)
 	if t := s.l.cfg.Tracer; t != nil {
@@ -296,6 +303,9 @@ func (s *span) acquired(err error) {
 }
 
 func (s *span) released(err error) {
+	if s.l.silent {
+		return
+	}
 	held := time.Since(s.got)
 	if rt, ok := s.l.cfg.Tracer.(ReleaseTracer); ok {
 		func() {

@@ -81,7 +81,8 @@ type Conn struct {
 	query pgproto3.Query // the reset's message (resetBounded), kept here: no allocation
 	bound cutoff.Bound   // the cleanup bound in progress (BoundCleanup)
 
-	deferIdentity bool // ConnOptions.DeferIdentity
+	deferIdentity bool       // ConnOptions.DeferIdentity
+	st            *connState // the connection's state, once looked up (state)
 }
 
 // BoundCleanup bounds what runs on c from now until [Conn.EndBound] by the

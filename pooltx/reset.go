@@ -63,10 +63,34 @@ var resetStatements = [ResetStatements]string{
 	"CLOSE ALL", "UNLISTEN *", "RESET ALL", "DISCARD TEMP", "DISCARD SEQUENCES",
 }
 
-// baselineKey is the key of a connection's *baseline in pgconn's
-// per-connection CustomData, recorded by its first pin (Acquire) or, with
-// ConnOptions.DeferIdentity, its first Lend.
-const baselineKey = "pgxlock/pooltx.baseline"
+// stateKey is the key of a connection's *connState in pgconn's
+// per-connection CustomData.
+const stateKey = "pgxlock/pooltx"
+
+// connState is what pooltx keeps for a connection across its pins: its
+// baseline, recorded by its first pin (Acquire) or, with
+// ConnOptions.DeferIdentity, its first Lend, and its socket's meter (see
+// sent.go), made on first use. One entry, looked up once per pin (Conn.st),
+// rather than one map lookup per use.
+type connState struct {
+	base  *baseline
+	meter *meter
+}
+
+// state returns c's connState, made on first use.
+func (c *Conn) state() *connState {
+	if c.st != nil {
+		return c.st
+	}
+	data := c.conn.PgConn().CustomData()
+	st, _ := data[stateKey].(*connState)
+	if st == nil {
+		st = &connState{}
+		data[stateKey] = st
+	}
+	c.st = st
+	return st
+}
 
 // baseline is what a connection's first pin (or Lend) recorded: whether the
 // reset's probe is prepared (not where the connection does not use pgx's
@@ -95,10 +119,7 @@ var probeBaseline = &baseline{probe: true, reset: sqlExecProbe + "; " + resetSQL
 var sameIdentityBaseline = &baseline{reset: sqlUnlockAll + "; " + sqlResetRest, stmts: resetStatements[2:]}
 
 // baseline returns c's recorded baseline, or nil before its first Lend.
-func (c *Conn) baseline() *baseline {
-	b, _ := c.conn.PgConn().CustomData()[baselineKey].(*baseline)
-	return b
-}
+func (c *Conn) baseline() *baseline { return c.state().base }
 
 // base is c's baseline or, before one was recorded, the reset that keeps
 // identity (ConnOptions.DeferIdentity) or names none.
@@ -217,7 +238,7 @@ func (c *Conn) recordBaseline(within time.Duration) error {
 func (c *Conn) readBaseline(within time.Duration) error {
 	cfg := c.conn.Config()
 	probe := cfg.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement && cfg.StatementCacheCapacity > 0
-	data := c.conn.PgConn().CustomData()
+	st := c.state()
 	if c.conn.PgConn().TxStatus() != 'I' {
 		// Lent inside a transaction of the caller's (this package's own
 		// lends come before BEGIN): a SET LOCAL ROLE may be in force, so
@@ -228,10 +249,10 @@ func (c *Conn) readBaseline(within time.Duration) error {
 			if _, err := c.execWithin(within, sqlPrepareProbe, nil); err != nil {
 				return err
 			}
-			data[baselineKey] = probeBaseline
+			st.base = probeBaseline
 			return nil
 		}
-		data[baselineKey] = defaultBaseline
+		st.base = defaultBaseline
 		return nil
 	}
 	sql, want := sqlIdentity, 1
@@ -252,7 +273,7 @@ func (c *Conn) readBaseline(within time.Duration) error {
 	if err != nil {
 		return err
 	}
-	data[baselineKey] = newBaseline(probe, cfg.User, sessionUser, role)
+	st.base = newBaseline(probe, cfg.User, sessionUser, role)
 	return nil
 }
 

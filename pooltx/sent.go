@@ -26,26 +26,19 @@ import (
 // errReadEnded: Reclaim found the connection's read side over.
 var errReadEnded = errors.New("the connection's read side has ended")
 
-// meterKey is the key of a connection's *meter in pgconn's per-connection
-// CustomData.
-const meterKey = "pgxlock/pooltx.meter"
-
 // unmeasured is the meter of a connection whose count cannot be read.
 var unmeasured = &meter{}
 
 // meter returns the byte meter of c's socket, made on first use.
 func (c *Conn) meter() *meter {
-	pg := c.conn.PgConn()
-	data := pg.CustomData()
-	if m, ok := data[meterKey].(*meter); ok {
-		return m
+	st := c.state()
+	if st.meter == nil {
+		st.meter = newMeter(c.conn.PgConn().Conn())
+		if st.meter == nil {
+			st.meter = unmeasured
+		}
 	}
-	m := newMeter(pg.Conn())
-	if m == nil {
-		m = unmeasured
-	}
-	data[meterKey] = m
-	return m
+	return st.meter
 }
 
 // traffic is what the kernel has counted on a socket (see meter).
