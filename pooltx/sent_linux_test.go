@@ -17,7 +17,7 @@ import (
 
 // tcpPair returns the two ends of a loopback TCP connection; the server end
 // is never read unless the test reads it.
-func tcpPair(t *testing.T) (client, server net.Conn) {
+func tcpPair(t testing.TB) (client, server net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -116,4 +116,30 @@ func TestMeterUnwrapsTLSAndRefusesUnixSockets(t *testing.T) {
 	defer b.Close()
 	assert.Nil(t, newMeter(a), "no socket at all: unmeasured")
 	_ = os.Remove(path)
+}
+
+// BenchmarkMeter is what the quiet check of a lent connection costs on
+// this machine's kernel: one TCP_INFO read (traffic: Lend takes one,
+// Reclaim another) and one peek (nothingToRead, Reclaim's). BENCHMARKS.md
+// quotes it.
+func BenchmarkMeter(b *testing.B) {
+	client, _ := tcpPair(b)
+	_, err := client.Write([]byte{0}) // a socket that sent nothing is not counting (readFD)
+	require.NoError(b, err)
+	m := newMeter(client)
+	require.NotNil(b, m)
+	b.Run("op=traffic", func(b *testing.B) {
+		for b.Loop() {
+			if _, ok := m.traffic(); !ok {
+				b.Fatal("TCP_INFO could not be read")
+			}
+		}
+	})
+	b.Run("op=nothingToRead", func(b *testing.B) {
+		for b.Loop() {
+			if !m.nothingToRead() {
+				b.Fatal("the peek found something to read")
+			}
+		}
+	})
 }
