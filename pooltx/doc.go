@@ -143,7 +143,11 @@
 //     keeps a placeholder for it for the rest of the session, and RESET ALL
 //     sets it to the empty string; only a new connection drops it, and
 //     destroying every connection that saw one would cost a new connection
-//     per call to code that uses them. Code that tells "unset" by NULL
+//     per call to code that uses them. Nor can the reset tell cheaply
+//     whether the work created one: only a scan of pg_settings lists
+//     them, which took 0.48 ms more than SELECT 1 per statement (pgbench,
+//     PostgreSQL 15 on the 2-vCPU machine of BENCHMARKS.md), against a
+//     reset that now rides in the unlock's round trip. Code that tells "unset" by NULL
 //     (current_setting with missing_ok) must treat the empty string as
 //     unset too.
 //   - Statements the work prepared itself (PREPARE, pgx's Conn.Prepare)
