@@ -86,9 +86,17 @@ func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock) error {
 			return &LockError{Op: a.op, Keys: a.s.all, Err: classify(ctx, err)}
 		}
 		if err := l.checkProxy(ctx, wctx, c, a.op, a.s.all); err != nil {
+			// A Locker's first session-scope call checks for a proxy on
+			// the connection it drew: one found dead there is retried as
+			// below (the check has no answer yet: it runs again).
+			died := !retried && diedIdle(ctx, wctx, c)
 			hc.abandon()
 			l.unpin(c)
-			return err
+			if !died {
+				return err
+			}
+			retried = true
+			continue
 		}
 		hc.attach(ctx, c)
 		err = hc.tryOn(ctx, wctx, h, true)

@@ -2,6 +2,7 @@ package advisory_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/pgxlock/pgxlock/advisory"
 	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/keys"
 )
 
 // killIdle terminates every backend of pool's application_name and waits
@@ -90,4 +92,65 @@ func TestDeadIdleConnectionRetryUsesALiveConnection(t *testing.T) {
 		}
 		require.EqualValues(t, idle, pool.Stat().IdleConns())
 	})
+}
+
+// Regression (review 15): a Locker's first session-scope call checks for
+// a connection proxy on the connection it drew, and a multiplexed Try
+// call (TryLock, TryLockAll, TryHold) with no holder connection to share
+// returned that check's failure on a dead idle connection (57P01, no
+// sentinel) instead of retrying. Each form here is a new Locker's first
+// call.
+func TestFirstCallOfALockerRetriesDeadIdleConnection(t *testing.T) {
+	noop := func(context.Context) error { return nil }
+	forms := map[string]func(ctx context.Context, l *advisory.Locker, k keys.Key) error{
+		"WithLock": func(ctx context.Context, l *advisory.Locker, k keys.Key) error {
+			return l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil })
+		},
+		"TryWithLock": func(ctx context.Context, l *advisory.Locker, k keys.Key) error {
+			return l.TryWithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil })
+		},
+		"Lock": func(ctx context.Context, l *advisory.Locker, k keys.Key) error {
+			h, err := l.Lock(ctx, k, nil)
+			if err != nil {
+				return err
+			}
+			return h.Unlock(ctx)
+		},
+		"TryLock": func(ctx context.Context, l *advisory.Locker, k keys.Key) error {
+			h, err := l.TryLock(ctx, k, nil)
+			if err != nil {
+				return err
+			}
+			return h.Unlock(ctx)
+		},
+		"TryLockAll": func(ctx context.Context, l *advisory.Locker, k keys.Key) error {
+			h, err := l.TryLockAll(ctx, []keys.Key{k, keys.Int64(pgtest.UniqueInt64(t))}, nil)
+			if err != nil {
+				return err
+			}
+			return h.Unlock(ctx)
+		},
+		"Hold":    func(ctx context.Context, l *advisory.Locker, k keys.Key) error { return l.Hold(ctx, k, nil, noop) },
+		"TryHold": func(ctx context.Context, l *advisory.Locker, k keys.Key) error { return l.TryHold(ctx, k, nil, noop) },
+	}
+	for name, form := range forms {
+		for _, idle := range []int{1, 3} {
+			t.Run(fmt.Sprintf("%s/idle=%d", name, idle), func(t *testing.T) {
+				ctx := testCtx(t)
+				pool := pgtest.Pool(t)
+				conns := make([]*pgxpool.Conn, idle)
+				for i := range conns {
+					c, err := pool.Acquire(ctx)
+					require.NoError(t, err)
+					conns[i] = c
+				}
+				for _, c := range conns {
+					c.Release()
+				}
+				killIdle(ctx, t, pool, pgtest.Pool(t))
+				require.NoError(t, form(ctx, newLocker(t, pool, advisory.Config{}), key(t)))
+				assert.EqualValues(t, 0, pool.Stat().AcquiredConns())
+			})
+		}
+	}
 }
