@@ -46,7 +46,8 @@ type DoOptions struct {
 // release statement that failed included), also when fn panics
 // (the panic then continues). A release that fails on the connection rather
 // than in the database (a pooled connection found dead after the work) is
-// retried on another connection within that bound. Do returns nil, or an
+// retried within that bound on another connection, one that has just
+// answered a ping (however many dead ones the pool holds). Do returns nil, or an
 // [*Error] (Op "do", the resource) wrapping fn's error, joined with the loss
 // (wrapping ErrLeaseLost, even if fn returned nil: its work was not
 // protected to the end) and with a release failure (wrapping ErrNotReleased
@@ -189,9 +190,11 @@ func run(ctx context.Context, op string, k keepAlive, s schedule, fn func(contex
 	return &Error{Op: op, Resource: clip(k.resource), Err: errors.Join(errs...), asIs: true}
 }
 
-// releaseTries bounds how many connections releaseRetrying tries. A pool
-// can hand out several dead connections in a row (pgxpool checks only
-// connections idle for over a second), each of which fails at once.
+// releaseTries bounds how many times releaseRetrying releases. A retry
+// runs on a connection that has just answered a ping (withLivePin: a pool
+// can hand out every dead connection it holds in a row, since pgxpool
+// checks only connections idle for over a second), so a second attempt
+// fails on the connection only if the server or the network did meanwhile.
 const releaseTries = 4
 
 // releaseRetrying releases, retrying (up to releaseTries times, within ctx)
@@ -202,7 +205,10 @@ const releaseTries = 4
 func releaseRetrying(ctx context.Context, release func(context.Context) error) error {
 	unknown := false
 	var err error
-	for range releaseTries {
+	for i := range releaseTries {
+		if i == 1 {
+			ctx = withLivePin(ctx)
+		}
 		err = release(ctx)
 		switch {
 		case err == nil:

@@ -360,7 +360,8 @@
 // callback returns (or panics), the renewal goroutine is stopped and waited
 // for, and the release runs under context.WithoutCancel with a bounded
 // timeout, so a cancelled caller still releases; a release that fails on a
-// dead pooled connection is retried on another within that bound. Do
+// dead pooled connection is retried within that bound on another, one
+// that has just answered a ping. Do
 // returns an [*Error] wrapping the callback's error joined with the loss
 // (even when the callback returned nil: its work was not protected to the
 // end) and with a release that failed for good, wrapping [ErrNotReleased]:

@@ -121,7 +121,7 @@ const (
 // connection that could not be acquired means nothing was sent (see
 // outcomeUnknown).
 func exec(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration, w wait, queue func(b *pgx.Batch)) error {
-	c, err := pooltx.Acquire(ctx, pool, &pooltx.ConnOptions{CleanupTimeout: cleanup, DeferIdentity: true})
+	c, err := acquire(ctx, pool, cleanup)
 	if err != nil {
 		return errNothingSent{err}
 	}
@@ -164,6 +164,47 @@ func exec(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration, w wait
 		err = errors.New("lease: transaction left open")
 	}
 	return err
+}
+
+// livePinKey marks a context whose exec must run on a connection it has
+// just pinged (withLivePin).
+type livePinKey struct{}
+
+// withLivePin makes the execs under ctx ping the connection they draw
+// before using it, and draw another while the ping finds it dead: a retry
+// after a statement failed on a dead pooled connection (releaseRetrying),
+// since pgxpool pings only connections idle for over a second and may
+// hand out every dead one in turn.
+func withLivePin(ctx context.Context) context.Context {
+	return context.WithValue(ctx, livePinKey{}, true)
+}
+
+// acquire pins a connection of pool for exec; under withLivePin, one that
+// has just answered a ping (at most the pool's MaxConns+1 draws: a
+// connection whose ping fails is destroyed, so a later draw dials anew).
+func acquire(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration) (*pooltx.Conn, error) {
+	opts := &pooltx.ConnOptions{CleanupTimeout: cleanup, DeferIdentity: true}
+	if live, _ := ctx.Value(livePinKey{}).(bool); !live {
+		return pooltx.Acquire(ctx, pool, opts)
+	}
+	var err error
+	for range pool.Stat().MaxConns() + 1 {
+		var c *pooltx.Conn
+		if c, err = pooltx.Acquire(ctx, pool, opts); err != nil {
+			return nil, err
+		}
+		pctx, cancel := context.WithTimeout(ctx, cleanup)
+		err = c.Conn().Ping(pctx)
+		cancel()
+		if err == nil {
+			return c, nil
+		}
+		c.Destroy(err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, err
 }
 
 // errNothingSent marks an error that occurred before anything was sent (no
