@@ -174,9 +174,15 @@ func run(ctx context.Context, op string, k keepAlive, s schedule, fn func(contex
 	if lost != nil && !errors.Is(fnErr, ErrLeaseLost) {
 		errs = append(errs, lost)
 	}
+	// A column lease whose row is gone (ErrNotFound) is lost too, as the
+	// keeper reads it: nothing is left to hold until a TTL.
+	gone := errors.Is(relErr, ErrLeaseLost) || errors.Is(relErr, ErrNotFound)
 	switch {
-	case relErr == nil, lost != nil && errors.Is(relErr, ErrLeaseLost):
-	case errors.Is(relErr, ErrLeaseLost): // lost unnoticed: the work was not protected to the end
+	case relErr == nil, lost != nil && gone:
+	case gone: // lost unnoticed: the work was not protected to the end
+		if !errors.Is(relErr, ErrLeaseLost) {
+			relErr = errors.Join(ErrLeaseLost, relErr)
+		}
 		errs = append(errs, relErr)
 	default: // the lease may still be held, until its TTL
 		errs = append(errs, fmt.Errorf("%w: %w", ErrNotReleased, relErr))

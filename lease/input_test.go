@@ -336,3 +336,39 @@ func assertPgCode(t *testing.T, err error, code string) {
 		assert.Equal(t, code, pgErr.Code)
 	}
 }
+
+// Review 15c: a column lease whose row is deleted while Do's callback runs
+// is lost (the keeper cancels the callback with ErrLeaseLost), and the
+// release that then finds no row (ErrNotFound) was reported as
+// ErrNotReleased, "the lease may stay held until its TTL", for a lease
+// that no longer exists. The same when the row goes before any renewal
+// noticed: the loss, not a failed release.
+func TestDoRowDeletedIsALossNotAFailedRelease(t *testing.T) {
+	ctx := testCtx(t)
+	pool := pgtest.Pool(t)
+	schema := pgtest.Schema(t, pool)
+	col := usersTable(t, pool, schema, 600*time.Millisecond, 1, 2)
+	users := pgx.Identifier{schema, "users"}.Sanitize()
+
+	t.Run("noticed by a renewal", func(t *testing.T) {
+		var cause error
+		err := col.TryDo(ctx, int64(1), nil, func(ctx context.Context, _ *lease.ColumnLease) error {
+			mustExec(t, pool, "DELETE FROM "+users+" WHERE id = 1")
+			<-ctx.Done()
+			cause = context.Cause(ctx)
+			return nil
+		})
+		require.ErrorIs(t, cause, lease.ErrLeaseLost)
+		require.ErrorIs(t, err, lease.ErrLeaseLost)
+		assert.NotErrorIs(t, err, lease.ErrNotReleased)
+	})
+	t.Run("unnoticed", func(t *testing.T) {
+		err := col.TryDo(ctx, int64(2), nil, func(ctx context.Context, _ *lease.ColumnLease) error {
+			mustExec(t, pool, "DELETE FROM "+users+" WHERE id = 2")
+			return nil
+		})
+		require.ErrorIs(t, err, lease.ErrLeaseLost, "the work was not protected to the end")
+		assert.ErrorIs(t, err, lease.ErrNotFound)
+		assert.NotErrorIs(t, err, lease.ErrNotReleased)
+	})
+}

@@ -144,12 +144,13 @@ func (c *Collector) TraceRelease(_ context.Context, d advisory.TraceReleaseData)
 }
 
 // TraceRenew implements lease.RenewTracer: result "ok", "lost" (the lease
-// had expired or was taken over: ErrLeaseLost) or "error".
+// had expired or was taken over: ErrLeaseLost; or a column lease's row is
+// gone: ErrNotFound, which Do reads as the loss too) or "error".
 func (c *Collector) TraceRenew(_ context.Context, d lease.TraceRenewData) {
 	switch {
 	case d.Err == nil:
 		c.renewals.WithLabelValues("ok").Inc()
-	case errors.Is(d.Err, lease.ErrLeaseLost):
+	case errors.Is(d.Err, lease.ErrLeaseLost), errors.Is(d.Err, lease.ErrNotFound):
 		c.renewals.WithLabelValues("lost").Inc()
 	default:
 		c.renewals.WithLabelValues("error").Inc()

@@ -156,3 +156,28 @@ func TestAlertedSeriesExistAtZero(t *testing.T) {
 		assert.Contains(t, body, "\n"+line+"\n", "before any event")
 	}
 }
+
+// Review 15c: a column lease's renewal that finds its row gone
+// (ErrNotFound), which Do reads as the loss, was counted as "error".
+func TestLeaseRenewalOfDeletedRowCountsAsLost(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m := metrics.New(metrics.Options{})
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(m))
+	pool := pgtest.Pool(t)
+	table := pgx.Identifier{pgtest.Schema(t, pool), "items"}
+	_, err := pool.Exec(ctx, "CREATE TABLE "+table.Sanitize()+" (id bigint PRIMARY KEY); INSERT INTO "+table.Sanitize()+" VALUES (1)")
+	require.NoError(t, err)
+	col, err := lease.NewColumn(pool, lease.ColumnConfig{Schema: table[0], Table: table[1], TTL: time.Minute, Tracer: m})
+	require.NoError(t, err)
+	require.NoError(t, col.Migrate(ctx))
+	l, err := col.TryAcquire(ctx, int64(1))
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "DELETE FROM "+table.Sanitize())
+	require.NoError(t, err)
+	require.ErrorIs(t, l.Renew(ctx), lease.ErrNotFound)
+	body := scrape(t, reg)
+	assert.Contains(t, body, `pgxlock_lease_renewals_total{result="lost"} 1`)
+	assert.Contains(t, body, `pgxlock_lease_renewals_total{result="error"} 0`)
+}

@@ -337,13 +337,14 @@ func renewErrorType(result string) string {
 
 // TraceRenew implements lease.RenewTracer: a pgxlock.lease.renew span
 // covering the renewal (child of ctx's span) and the lease_renewals
-// counter, result "ok", "lost" (lease.ErrLeaseLost) or "error". The
-// resource name is not recorded.
+// counter, result "ok", "lost" (lease.ErrLeaseLost, or lease.ErrNotFound:
+// a column lease's row is gone, which Do reads as the loss too) or
+// "error". The resource name is not recorded.
 func (t *Tracer) TraceRenew(ctx context.Context, d lease.TraceRenewData) {
 	result := "ok"
 	switch {
 	case d.Err == nil:
-	case errors.Is(d.Err, lease.ErrLeaseLost):
+	case errors.Is(d.Err, lease.ErrLeaseLost), errors.Is(d.Err, lease.ErrNotFound):
 		result = "lost"
 	default:
 		result = "error"

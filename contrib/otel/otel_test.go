@@ -5,12 +5,14 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -364,4 +366,18 @@ func TestWaitDurationErrorType(t *testing.T) {
 		}
 	}
 	require.ElementsMatch(t, []string{"", "deadlock", "_OTHER"}, types, "acquired and busy share the series without error.type")
+}
+
+// Review 15c: a column lease's renewal that finds its row gone
+// (lease.ErrNotFound), which Do reads as the loss, was recorded as
+// "error".
+func TestRenewOfDeletedRowIsLost(t *testing.T) {
+	tr, sr, _ := newTracer(t)
+	gone := fmt.Errorf("lease: renew %q: %w", "1", lease.ErrNotFound)
+	tr.TraceRenew(context.Background(), lease.TraceRenewData{Form: lease.FormColumn, Err: gone})
+	tr.TraceRenew(context.Background(), lease.TraceRenewData{Form: lease.FormColumn, Err: errors.New("network")})
+	spans := sr.Ended()
+	require.Len(t, spans, 2)
+	assert.Equal(t, "lost", attrs(spans[0].Attributes())[pgxlockotel.AttrResult].AsString())
+	assert.Equal(t, "error", attrs(spans[1].Attributes())[pgxlockotel.AttrResult].AsString())
 }
