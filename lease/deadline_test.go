@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -225,4 +226,43 @@ func newFreezeProxy(t *testing.T, host string, port uint16) *freezeProxy {
 		}
 	})
 	return p
+}
+
+// Review 15b: the LISTEN connection copied the pool's whole connection
+// config, OnNotification handler included; with one set, pgx hands every
+// notification to it and WaitForNotification returns none (nil, nil), and
+// the listener dereferenced it: the first release notified on the channel
+// crashed the process. The waiter must be woken by the notification (the
+// poll interval is an hour), and the pool's handler never sees the
+// listener's notifications.
+func TestListenerIgnoresThePoolsOnNotificationHandler(t *testing.T) {
+	cfg := pgtest.Config(t)
+	var seen atomic.Int32
+	cfg.ConnConfig.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) { seen.Add(1) }
+	pool := pgtest.NewPool(t, cfg)
+	observer := pgtest.Pool(t)
+	schema := pgtest.Schema(t, observer)
+	ctx := testCtx(t)
+	m := newManager(t, pool, schema, lease.ManagerConfig{TTL: time.Minute, PollInterval: time.Hour})
+
+	held, err := m.TryAcquire(ctx, "r", nil)
+	require.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		l, err := m.Acquire(ctx, "r", nil)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	waitForListener(t, pool, observer)
+	require.NoError(t, held.Release(ctx))
+	select {
+	case err := <-got:
+		require.NoError(t, err, "the waiter is woken by the release's notification and acquires")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiter was never woken")
+	}
+	assert.Zero(t, seen.Load(), "the pool's handler got the listener's notifications")
+	assertNoListeners(t, pool)
 }

@@ -141,7 +141,9 @@ func (m *Manager) pollDelay(hint time.Duration) time.Duration {
 //
 // The LISTEN connection is a dedicated pgx.Conn opened from the pool's
 // connection config (host, TLS, credentials, runtime parameters; the pool's
-// BeforeConnect and AfterConnect hooks are not run), never a pooled one: so
+// BeforeConnect and AfterConnect hooks are not run, and the config's
+// OnNotification handler is dropped: with one set, pgx hands notifications
+// to it and WaitForNotification returns none), never a pooled one: so
 // waiting never takes a connection from the attempts and releases it serves
 // (a pool of one connection works), and no connection that has run LISTEN
 // ever goes back to the pool. It is closed when the last waiter leaves,
@@ -282,7 +284,9 @@ func (l *listener) run(ctx context.Context, done chan struct{}) {
 // connection fails, then closes it (bounded by the cleanup timeout): the
 // connection is not pooled, so closing it is all the clean-up there is.
 func (l *listener) listen(ctx context.Context) error {
-	conn, err := pgx.ConnectConfig(ctx, l.pool.Config().ConnConfig)
+	cfg := l.pool.Config().ConnConfig // a copy
+	cfg.OnNotification = nil          // see above: ours to read
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -300,6 +304,8 @@ func (l *listener) listen(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		l.wake(n.Payload)
+		if n != nil {
+			l.wake(n.Payload)
+		}
 	}
 }
