@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/internal/tcpproxy"
 	"github.com/pgxlock/pgxlock/lease"
 )
 
@@ -265,4 +266,52 @@ func TestListenerIgnoresThePoolsOnNotificationHandler(t *testing.T) {
 	}
 	assert.Zero(t, seen.Load(), "the pool's handler got the listener's notifications")
 	assertNoListeners(t, pool)
+}
+
+// Review 15b: on a connection whose client_encoding is not UTF8, List and
+// ListIntents run their query in a transaction (see utf8SQL), and its
+// ROLLBACK ran under a context nothing bounded: a network gone silent right
+// then held the call forever. It is bounded by ReleaseTimeout now, the
+// connection closed (and not pooled) when it passes.
+func TestListRollbackOfAFrozenNetworkIsBounded(t *testing.T) {
+	direct := pgtest.Pool(t)
+	schema := pgtest.Schema(t, direct)
+	cc := direct.Config().ConnConfig
+	proxy, err := tcpproxy.New("tcp", net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+	require.NoError(t, err)
+	t.Cleanup(proxy.Close)
+	cfg := pgtest.Config(t)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(proxy.Port())
+	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil // the proxy must read the statements
+	cfg.ConnConfig.RuntimeParams["client_encoding"] = "LATIN1"
+	cfg.MaxConns = 1
+	pool := pgtest.NewPool(t, cfg)
+	mcfg := lease.ManagerConfig{TTL: time.Minute, ReleaseTimeout: time.Second}
+	newManager(t, direct, schema, mcfg)
+	m := newManager(t, pool, schema, mcfg)
+	ctx := testCtx(t)
+	for _, list := range []struct {
+		name string
+		call func(context.Context) error
+	}{
+		{"List", func(ctx context.Context) error { _, err := m.List(ctx, nil); return err }},
+		{"ListIntents", func(ctx context.Context) error { _, err := m.ListIntents(ctx, nil); return err }},
+	} {
+		t.Run(list.name, func(t *testing.T) {
+			proxy.Swallow(nil)
+			require.NoError(t, list.call(ctx)) // the pool's connection, LATIN1, is open
+			proxy.Swallow([]byte("rollback"))
+			done := make(chan error, 1)
+			go func() { done <- list.call(ctx) }()
+			select {
+			case <-done: // the rows were read; the ROLLBACK's bound passed
+			case <-time.After(time.Minute): // a guard against the hang, not a budget
+				proxy.Cut()
+				t.Fatal("List did not return while its ROLLBACK went unanswered")
+			}
+			// pgxpool destroys a closed connection in the background
+			assert.Eventually(t, func() bool { return pool.Stat().TotalConns() == 0 }, 10*time.Second, time.Millisecond,
+				"the connection whose ROLLBACK went unanswered is destroyed, not pooled")
+		})
+	}
 }

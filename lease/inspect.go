@@ -115,7 +115,7 @@ func (m *Manager) List(ctx context.Context, opts *ListOptions) ([]Holder, error)
 	if opts.Owner != "" {
 		owner = opts.Owner
 	}
-	rows, err := inspectQuery(ctx, m.pool, m.q.list, resource, owner, opts.IncludeExpired)
+	rows, err := inspectQuery(ctx, m.pool, m.releaseTimeout, m.q.list, resource, owner, opts.IncludeExpired)
 	if err != nil {
 		return nil, opError(op, opts.Resource, err)
 	}
@@ -147,8 +147,11 @@ func (m *Manager) List(ctx context.Context, opts *ListOptions) ([]Holder, error)
 // inspectQuery runs a List or ListIntents query. On a connection whose
 // client_encoding is not UTF8 it runs in a transaction that sets it to UTF8
 // first (see utf8SQL): the filters and the names read back are UTF-8, as
-// pgx sends and reads them. The rows, once closed, release the connection.
-func inspectQuery(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (pgx.Rows, error) {
+// pgx sends and reads them; its ROLLBACK, once the rows are closed, is
+// bounded by cleanup (cleanupContext: a network gone silent there closes
+// the connection, which the pool then destroys). The rows, once closed,
+// release the connection.
+func inspectQuery(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration, sql string, args ...any) (pgx.Rows, error) {
 	pc, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -167,7 +170,9 @@ func inspectQuery(ctx context.Context, pool *pgxpool.Pool, sql string, args ...a
 		return nil, err
 	}
 	done := func() {
-		_ = tx.Rollback(context.WithoutCancel(ctx)) // read-only: nothing to keep
+		rctx, cancel := cleanupContext(ctx, cleanup)
+		_ = tx.Rollback(rctx) // read-only: nothing to keep; a failed one closes the connection
+		cancel()
 		pc.Release()
 	}
 	if _, err := tx.Exec(ctx, utf8SQL); err != nil {
@@ -233,7 +238,7 @@ func (m *Manager) ListIntents(ctx context.Context, opts *ListOptions) ([]Intent,
 	if opts.Resource != "" {
 		resource = opts.Resource
 	}
-	rows, err := inspectQuery(ctx, m.pool, m.q.intents, resource, opts.IncludeExpired)
+	rows, err := inspectQuery(ctx, m.pool, m.releaseTimeout, m.q.intents, resource, opts.IncludeExpired)
 	if err != nil {
 		return nil, opError(op, opts.Resource, err)
 	}
