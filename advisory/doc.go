@@ -208,6 +208,16 @@
 // rollback and close always run under context.WithoutCancel with that
 // bound.
 //
+// A panic raised inside the library's own statements by code of the
+// pool's (a pgx QueryTracer or BatchTracer in the pool's ConnConfig, a
+// pgxpool hook such as PrepareConn) leaves the outcome unknown too: the
+// connection is destroyed, which ends its session and every lock on it (a
+// shared holder connection's other locks are then lost, as when its
+// session dies), its slot of Config.MaxConns is given back, and the panic
+// goes on up. pgx's tracers see the arguments of the library's one-key
+// statements as pointers into the call's state, valid during the
+// statement only (they print as the key or the setting's text).
+//
 // # Timeouts
 //
 // A blocking wait is bounded by Options.Timeout, else Config.LockTimeout,

@@ -85,7 +85,20 @@ func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock) error {
 			hc.abandon()
 			return &LockError{Op: a.op, Keys: a.s.all, Err: classify(ctx, err)}
 		}
-		if err := l.checkProxy(ctx, wctx, c, a.op, a.s.all); err != nil {
+		perr := func() error {
+			done := false
+			defer func() {
+				if !done { // the check's statement panicked (a pgx tracer's): c goes, the panic on up
+					hc.abandon()
+					c.MarkDirty(errStatementPanicked)
+					l.unpin(c)
+				}
+			}()
+			err := l.checkProxy(ctx, wctx, c, a.op, a.s.all)
+			done = true
+			return err
+		}()
+		if err := perr; err != nil {
 			// A Locker's first session-scope call checks for a proxy on
 			// the connection it drew: one found dead there is retried as
 			// below (the check has no answer yet: it runs again).

@@ -525,15 +525,33 @@ func (l *Locker) conn(wctx context.Context) (*pooltx.Conn, error) {
 	if err := l.conns.acquire(wctx); err != nil {
 		return nil, noConnection(err)
 	}
+	var c *pooltx.Conn
+	done := false
+	defer func() {
+		if !done {
+			// A panic of the pool's (a PrepareConn or tracer hook's):
+			// the slot of Config.MaxConns, and a connection already
+			// pinned, go back; the panic goes on up.
+			if c != nil {
+				c.MarkDirty(errStatementPanicked)
+				l.unpin(c)
+			} else {
+				l.conns.release()
+			}
+		}
+	}()
 	c, err := pooltx.Acquire(wctx, l.pool, l.connOptions())
 	if err != nil {
+		done = true
 		l.conns.release()
 		return nil, noConnection(err)
 	}
 	if err := l.refuseStandby(wctx, c); err != nil {
+		done = true
 		l.unpin(c)
 		return nil, err
 	}
+	done = true
 	return c, nil
 }
 

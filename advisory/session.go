@@ -132,9 +132,21 @@ func (l *Locker) withSession(ctx context.Context, a *acquired, ks []keys.Key, op
 	}
 	fnErr := fn(ctx, conn)
 	panicked = false
+	unlocking := true
+	defer func() {
+		if unlocking {
+			// A statement of the clean-up panicked (a pgx tracer's or
+			// hook's panic): destroying the connection releases the lock;
+			// the panic goes on up.
+			a.c.MarkDirty(errStatementPanicked)
+			a.span.released(errStatementPanicked)
+			l.unpin(a.c)
+		}
+	}()
 	a.c.Reclaim() // fn sent nothing on the connection: the unlock alone, no reset
 	txErr := l.endLeftTx(ctx, a)
 	uerr := l.unlockSession(ctx, a.c, &a.request)
+	unlocking = false
 	a.span.ended(uerr) // a loss found by the unlock is traced as one
 	l.unpin(a.c)
 	return join(fnErr, txErr, uerr)
@@ -430,6 +442,15 @@ func (l *Locker) acquireSessionWithin(ctx, wctx context.Context, a *acquired) er
 		return &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 	}
 	defer t.leave()
+	defer func() {
+		if c != nil {
+			// A statement panicked (a pgx tracer's or hook's panic): the
+			// lock may have been granted. Destroying the connection ends
+			// the session and whatever it holds; the panic goes on up.
+			c.MarkDirty(errStatementPanicked)
+			l.unpin(c)
+		}
+	}()
 	w := &a.w
 	for retried := false; ; retried = true {
 		err = l.checkProxy(ctx, wctx, c, op, s.all)
@@ -437,15 +458,18 @@ func (l *Locker) acquireSessionWithin(ctx, wctx context.Context, a *acquired) er
 			err = l.lockSession(ctx, wctx, c, r, w)
 		}
 		if err == nil {
-			a.c = c
+			a.c, c = c, nil
 			return nil
 		}
 		if retried || !diedIdle(ctx, wctx, c) {
 			l.unpin(c)
+			c = nil
 			return err
 		}
 		w = &serverWait{} // the retry's wait: a serverWait is used once
-		if c, err = l.repin(wctx, c); err != nil {
+		dead := c
+		c = nil // repin unpins it
+		if c, err = l.repin(wctx, dead); err != nil {
 			return &LockError{Op: op, Keys: s.all, Err: classify(ctx, err)}
 		}
 	}

@@ -347,6 +347,19 @@ func (hc *holderConn) runWithin(ctx context.Context, s *keySet, k kind, shared b
 	conn := hc.c.Conn()
 	nc := conn.PgConn().Conn()
 	hc.bound.Start(nc, d) // no socket deadline, no timer of its own
+	done := false
+	defer func() {
+		if !done {
+			// The statement panicked (a pgx QueryTracer's or BatchTracer's
+			// panic, say): what it took or left on the session is
+			// unknown. The session ends with the socket, which releases
+			// every lock on it, and each of them is lost; the panic goes
+			// on up.
+			hc.cut = !hc.bound.End()
+			_ = nc.Close()
+			hc.lose(errStatementPanicked, nil, false)
+		}
+	}()
 	hc.stmtCtx.parent = ctx
 	dctx := &hc.stmtCtx // cannot end, so pgx does not watch it: the deadline is the bound
 	if len(s.all) == 1 {
@@ -361,12 +374,18 @@ func (hc *holderConn) runWithin(ctx context.Context, s *keySet, k kind, shared b
 		s.queue(b, k, shared, 0, boolResults(&falses))
 		err = conn.SendBatch(dctx, b).Close()
 	}
+	done = true
 	hc.cut = !hc.bound.End()
 	if err == nil {
 		hc.lastOK = time.Now()
 	}
 	return falses, err
 }
+
+// errStatementPanicked: a statement of the library's panicked on the
+// connection (in pgx, in a tracer or hook of the pool's): the connection,
+// and whatever it holds, is destroyed.
+var errStatementPanicked = errors.New("advisory: a statement panicked on the connection (a pgx tracer or hook?); connection destroyed")
 
 // errGone: the holder connection was retired or lost before the request's
 // statement was sent, or died under it (then chained with the call's

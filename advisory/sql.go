@@ -153,6 +153,12 @@ func (a *textArg) TextValue() (pgtype.Text, error) {
 	return pgtype.Text{String: string(*a), Valid: true}, nil
 }
 
+// String methods: a pgx tracer that logs the arguments (tracelog) prints
+// the values, not the pointers.
+func (a *int8Arg) String() string { return strconv.FormatInt(int64(*a), 10) }
+func (a *int4Arg) String() string { return strconv.FormatInt(int64(*a), 10) }
+func (a *textArg) String() string { return string(*a) }
+
 func newKeySet(ks []keys.Key, max int) (keySet, error) {
 	var s keySet
 	err := s.init(ks, max)

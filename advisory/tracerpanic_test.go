@@ -1,0 +1,182 @@
+package advisory_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlock/pgxlock/advisory"
+	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/keys"
+)
+
+// panickyQueryTracer is a pgx QueryTracer and BatchTracer (the pool's ConnConfig.Tracer,
+// not the Locker's) that panics once, at the end of the first statement
+// (or batch with a statement) whose text contains match after it is
+// armed: after the server answered it.
+type panickyQueryTracer struct {
+	armed atomic.Bool
+	match string
+}
+
+type tracedSQLKey struct{}
+
+func (p *panickyQueryTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, tracedSQLKey{}, d.SQL)
+}
+
+func (p *panickyQueryTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if sql, _ := ctx.Value(tracedSQLKey{}).(string); strings.Contains(sql, p.match) && p.armed.CompareAndSwap(true, false) {
+		panic("query tracer bug")
+	}
+}
+
+type batchMatchKey struct{}
+
+func (p *panickyQueryTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return context.WithValue(ctx, batchMatchKey{}, new(bool))
+}
+
+func (p *panickyQueryTracer) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if m, _ := ctx.Value(batchMatchKey{}).(*bool); m != nil && strings.Contains(d.SQL, p.match) {
+		*m = true
+	}
+}
+
+func (p *panickyQueryTracer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchEndData) {
+	if m, _ := ctx.Value(batchMatchKey{}).(*bool); m != nil && *m && p.armed.CompareAndSwap(true, false) {
+		panic("query tracer bug")
+	}
+}
+
+// Review 15a: a pgx QueryTracer of the pool that panicked at the end of
+// the lock statement (the lock granted) unwound through the library with
+// the connection still pinned: the key stayed held by that session, and
+// the connection out of the pool, for the rest of the process. Now the
+// connection is destroyed, which releases whatever it holds, and the
+// panic goes on up. Likewise for a statement on a shared holder
+// connection (TryLock beside another held lock: every lock on it is lost)
+// and for the unlock.
+func TestPoolQueryTracerPanicLeavesNoLockBehind(t *testing.T) {
+	p := newProbe(t)
+	cases := []struct {
+		name, match string
+		call        func(ctx context.Context, l *advisory.Locker, k keys.Key)
+		// other is a lock held on the Locker's holder connection
+		// beside the call's, lost with it
+		other bool
+	}{
+		{"WithLock/lock", "pg_advisory_lock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
+			_ = l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil })
+		}, false},
+		{"TryWithLock/lock", "pg_try_advisory_lock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
+			_ = l.TryWithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil })
+		}, false},
+		{"WithLockAll/lock", "pg_advisory_lock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
+			_ = l.WithLockAll(ctx, []keys.Key{k, key(t)}, nil, func(context.Context, *pgx.Conn) error { return nil })
+		}, false},
+		{"Lock/lock", "pg_advisory_lock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
+			_, _ = l.Lock(ctx, k, nil)
+		}, false},
+		{"TryLock/lock on a new holder", "pg_try_advisory_lock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
+			_, _ = l.TryLock(ctx, k, nil)
+		}, false},
+		{"TryLock/lock beside another lock", "pg_try_advisory_lock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
+			_, _ = l.TryLock(ctx, k, nil)
+		}, true},
+		{"WithLock/unlock", "pg_advisory_unlock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
+			_ = l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil })
+		}, false},
+		{"Lock/unlock", "pg_advisory_unlock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
+			h, err := l.Lock(ctx, k, nil)
+			require.NoError(t, err)
+			_ = h.Unlock(ctx)
+		}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			tr := &panickyQueryTracer{match: tc.match}
+			cfg := pgtest.Config(t)
+			cfg.MaxConns = 2
+			cfg.ConnConfig.Tracer = tr
+			pool := pgtest.NewPool(t, cfg)
+			l := newLocker(t, pool, advisory.Config{})
+			var other *advisory.Lock
+			if tc.other {
+				var err error
+				other, err = l.TryLock(ctx, key(t), nil)
+				require.NoError(t, err)
+			}
+			k := key(t)
+			tr.armed.Store(true)
+			var got any
+			func() {
+				defer func() { got = recover() }()
+				tc.call(ctx, l, k)
+			}()
+			require.Equal(t, "query tracer bug", got, "the tracer's panic goes on up")
+			// the socket is closed at once; the server releases the key
+			// when its backend reads the end of the stream
+			assert.Eventually(t, func() bool { return p.free(ctx, k, false) }, 10*time.Second, time.Millisecond,
+				"the key is free: the connection that may have held it is gone")
+			if other != nil {
+				<-other.Done() // lost with the shared connection
+				require.ErrorIs(t, other.Err(), advisory.ErrLockLost)
+			}
+			assert.EqualValues(t, 0, pool.Stat().AcquiredConns(), "no connection is kept out of the pool")
+			require.NoError(t, l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil }), "the key can be taken again")
+		})
+	}
+}
+
+// argsTracer records, as printed, the arguments of every statement whose
+// text contains match.
+type argsTracer struct {
+	match string
+	mu    sync.Mutex
+	got   [][]string
+}
+
+func (a *argsTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, a.match) {
+		var s []string
+		for _, v := range d.Args {
+			s = append(s, fmt.Sprint(v))
+		}
+		a.mu.Lock()
+		a.got = append(a.got, s)
+		a.mu.Unlock()
+	}
+	return ctx
+}
+
+func (*argsTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// The arguments pgx's tracers see for a one-key statement (pointers into
+// the call's state) print as the key and the lock_timeout text, as a
+// tracer such as tracelog logs them.
+func TestPoolQueryTracerSeesArgumentValues(t *testing.T) {
+	ctx := testCtx(t)
+	tr := &argsTracer{match: "advisory_lock"}
+	cfg := pgtest.Config(t)
+	cfg.ConnConfig.Tracer = tr
+	l := newLocker(t, pgtest.NewPool(t, cfg), advisory.Config{})
+	v := pgtest.UniqueInt64(t)
+	noop := func(context.Context, *pgx.Conn) error { return nil }
+	require.NoError(t, l.WithLock(ctx, keys.Int64(v), nil, noop)) // ctx has a deadline: lock_timeout
+	require.NoError(t, l.TryWithLock(ctx, keys.Pair(-7, 2147483647), nil, noop))
+	require.Len(t, tr.got, 2)
+	assert.Equal(t, strconv.FormatInt(v, 10), tr.got[0][0])
+	assert.Regexp(t, `^[0-9]+ms$`, tr.got[0][1])
+	assert.Equal(t, []string{"-7", "2147483647"}, tr.got[1])
+}
