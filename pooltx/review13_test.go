@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/internal/tcpproxy"
 	"github.com/pgxlock/pgxlock/pooltx"
 )
 
@@ -69,18 +71,27 @@ func TestBeginQueryIsTheCallersSQL(t *testing.T) {
 // error instead of the cause.
 func TestWithConnDoesNotRunWorkAfterAFailedFirstLend(t *testing.T) {
 	ctx := testCtx(t)
-	cfg := pgtest.Config(t)
-	cfg.MaxConns = 1
+	base := pgtest.Config(t)
+	px, err := tcpproxy.New("tcp", net.JoinHostPort(base.ConnConfig.Host, itoa(base.ConnConfig.Port)))
+	require.NoError(t, err)
+	defer px.Close()
+	cfg := proxiedConfig(t, "127.0.0.1:"+itoa(uint16(px.Port())))
+	cfg.ConnConfig.TLSConfig = nil // the proxy must read the statements
 	pool := pgtest.NewPool(t, cfg)
+	// The first Lend's identity read goes unanswered. (A CleanupTimeout
+	// of a nanosecond, which this test used, is enforced by a timer that
+	// a loaded machine can run after the answer arrived.)
+	px.Swallow([]byte("session_user"))
 	ran := false
-	err := pooltx.WithConn(ctx, pool, &pooltx.ConnOptions{DeferIdentity: true, CleanupTimeout: time.Nanosecond},
+	err = pooltx.WithConn(ctx, pool, &pooltx.ConnOptions{DeferIdentity: true, CleanupTimeout: 200 * time.Millisecond},
 		func(ctx context.Context, c *pooltx.Conn) error {
 			ran = true
 			return nil
 		})
-	require.Error(t, err, "the identity read cannot finish in a nanosecond")
+	require.Error(t, err, "the identity read went unanswered")
 	assert.False(t, ran, "the work does not run")
 	t.Logf("WithConn: %v", err)
+	px.Swallow(nil)
 	require.NoError(t, pool.Ping(ctx), "the pool goes on with a new connection")
 }
 
