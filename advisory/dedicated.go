@@ -67,7 +67,15 @@ func (d *dedicated) release(ctx context.Context, h *Lock) error {
 	// The unlock may be first to find the connection dead (the watcher had
 	// not started, or had not read yet): that is the loss, reported here
 	// once (TraceLost, Err) instead of by the watcher.
+	done := false
+	defer func() {
+		if !done { // the unlock panicked (a pgx tracer's): the connection goes, the panic on up
+			h.a.c.MarkDirty(errStatementPanicked)
+			h.l.unpin(h.a.c)
+		}
+	}()
 	err := h.l.unlockSession(ctx, h.a.c, &h.a.request)
+	done = true
 	if errors.Is(err, ErrLockLost) {
 		// Traced by ended, below: a concurrent Unlock (a LostTracer's)
 		// returns this loss at once, and Err agrees, before the trace.

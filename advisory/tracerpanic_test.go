@@ -73,34 +73,43 @@ func TestPoolQueryTracerPanicLeavesNoLockBehind(t *testing.T) {
 		call        func(ctx context.Context, l *advisory.Locker, k keys.Key)
 		// other is a lock held on the Locker's holder connection
 		// beside the call's, lost with it
-		other bool
+		other     bool
+		dedicated bool // Config.DisableMultiplexing
 	}{
 		{"WithLock/lock", "pg_advisory_lock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
 			_ = l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil })
-		}, false},
+		}, false, false},
 		{"TryWithLock/lock", "pg_try_advisory_lock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
 			_ = l.TryWithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil })
-		}, false},
+		}, false, false},
 		{"WithLockAll/lock", "pg_advisory_lock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
 			_ = l.WithLockAll(ctx, []keys.Key{k, key(t)}, nil, func(context.Context, *pgx.Conn) error { return nil })
-		}, false},
+		}, false, false},
 		{"Lock/lock", "pg_advisory_lock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
 			_, _ = l.Lock(ctx, k, nil)
-		}, false},
+		}, false, false},
 		{"TryLock/lock on a new holder", "pg_try_advisory_lock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
 			_, _ = l.TryLock(ctx, k, nil)
-		}, false},
+		}, false, false},
 		{"TryLock/lock beside another lock", "pg_try_advisory_lock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
 			_, _ = l.TryLock(ctx, k, nil)
-		}, true},
+		}, true, false},
 		{"WithLock/unlock", "pg_advisory_unlock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
 			_ = l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil })
-		}, false},
+		}, false, false},
 		{"Lock/unlock", "pg_advisory_unlock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
 			h, err := l.Lock(ctx, k, nil)
 			require.NoError(t, err)
 			_ = h.Unlock(ctx)
-		}, false},
+		}, false, false},
+		{"dedicated/Lock/lock", "pg_advisory_lock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
+			_, _ = l.Lock(ctx, k, nil)
+		}, false, true},
+		{"dedicated/Lock/unlock", "pg_advisory_unlock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
+			h, err := l.Lock(ctx, k, nil)
+			require.NoError(t, err)
+			_ = h.Unlock(ctx)
+		}, false, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -110,7 +119,7 @@ func TestPoolQueryTracerPanicLeavesNoLockBehind(t *testing.T) {
 			cfg.MaxConns = 2
 			cfg.ConnConfig.Tracer = tr
 			pool := pgtest.NewPool(t, cfg)
-			l := newLocker(t, pool, advisory.Config{})
+			l := newLocker(t, pool, advisory.Config{DisableMultiplexing: tc.dedicated})
 			var other *advisory.Lock
 			if tc.other {
 				var err error
