@@ -209,14 +209,19 @@
 // bound.
 //
 // A panic raised inside the library's own statements by code of the
-// pool's (a pgx QueryTracer or BatchTracer in the pool's ConnConfig, a
-// pgxpool hook such as PrepareConn) leaves the outcome unknown too: the
-// connection is destroyed, which ends its session and every lock on it (a
-// shared holder connection's other locks are then lost, as when its
-// session dies), its slot of Config.MaxConns is given back, and the panic
-// goes on up. pgx's tracers see the arguments of the library's one-key
-// statements as pointers into the call's state, valid during the
-// statement only (they print as the key or the setting's text).
+// pool's (a pgx QueryTracer or BatchTracer in the pool's ConnConfig)
+// leaves the outcome unknown too: the connection is destroyed, which ends
+// its session and every lock on it (a shared holder connection's other
+// locks are then lost, as when its session dies; a handle whose Unlock
+// panicked is lost: Done closes, Err and a later Unlock match
+// ErrLockLost), its slot of Config.MaxConns is given back, and the panic
+// goes on up. A pgxpool hook that panics while the library draws a
+// connection (PrepareConn, say) gets the slot back too, but pgxpool
+// itself (v5.12) then keeps the connection it was preparing acquired for
+// good, and Pool.Close waits for it: do not panic in pool hooks. pgx's
+// tracers see the arguments of the library's one-key statements as
+// pointers into the call's state, valid during the statement only (they
+// print as the key or the setting's text).
 //
 // # Timeouts
 //

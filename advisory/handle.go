@@ -203,7 +203,27 @@ func (h *Lock) Unlock(ctx context.Context) error {
 	}
 	h.unlocked = true
 	h.mu.Unlock()
+	released := false
+	defer func() {
+		if !released {
+			// The release panicked (a pgx tracer's panic in the unlock):
+			// it destroyed the connection, and the lock with it. A
+			// concurrent or later Unlock, Done and Err learn so; the
+			// panic goes on up.
+			h.mu.Lock()
+			h.unlockErr = &LockError{Op: opName(kindUnlock, h.a.shared), Keys: h.a.s.all, Err: join(ErrLockLost, errStatementPanicked)}
+			close(h.unlockEnd)
+			if h.err == nil || h.err == ErrUnlocked {
+				h.err = h.unlockErr
+			}
+			if !h.marking {
+				h.closeDone()
+			}
+			h.mu.Unlock()
+		}
+	}()
 	err := h.home.release(ctx, h)
+	released = true
 
 	h.mu.Lock()
 	h.unlockErr = err

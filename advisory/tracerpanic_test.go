@@ -171,6 +171,16 @@ func (a *argsTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tra
 
 func (*argsTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+func (a *argsTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (a *argsTracer) TraceBatchQuery(ctx context.Context, c *pgx.Conn, d pgx.TraceBatchQueryData) {
+	a.TraceQueryStart(ctx, c, pgx.TraceQueryStartData{SQL: d.SQL, Args: d.Args})
+}
+
+func (*argsTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
 // The arguments pgx's tracers see for a one-key statement (pointers into
 // the call's state) print as the key and the lock_timeout text, as a
 // tracer such as tracelog logs them.
@@ -188,4 +198,60 @@ func TestPoolQueryTracerSeesArgumentValues(t *testing.T) {
 	assert.Equal(t, strconv.FormatInt(v, 10), tr.got[0][0])
 	assert.Regexp(t, `^[0-9]+ms$`, tr.got[0][1])
 	assert.Equal(t, []string{"-7", "2147483647"}, tr.got[1])
+
+	// A transaction call's lock_timeout, set before the lock (review 16:
+	// a *string, it printed as a pointer).
+	tr.match = "'lock_timeout'"
+	tr.got = nil
+	require.NoError(t, l.WithXactLock(ctx, keys.Int64(v), nil, func(context.Context, pgx.Tx) error { return nil }))
+	require.NotEmpty(t, tr.got)
+	for _, args := range tr.got {
+		for _, a := range args {
+			assert.Regexp(t, `^[0-9]+ms$`, a)
+		}
+	}
+}
+
+// Review 16: a handle whose Unlock panicked (a pgx tracer's panic in the
+// unlock statement) kept its state: Done never closed, Err stayed nil, and
+// a second Unlock waited forever for the first; with DisableMultiplexing
+// the connection was kept too. The lock is lost now, as its connection is.
+func TestHandleWhoseUnlockPanickedIsLost(t *testing.T) {
+	for _, dedicated := range []bool{false, true} {
+		t.Run(fmt.Sprintf("dedicated=%v", dedicated), func(t *testing.T) {
+			ctx := testCtx(t)
+			tr := &panickyQueryTracer{match: "pg_advisory_unlock"}
+			cfg := pgtest.Config(t)
+			cfg.ConnConfig.Tracer = tr
+			pool := pgtest.NewPool(t, cfg)
+			l := newLocker(t, pool, advisory.Config{DisableMultiplexing: dedicated, MaxConns: 1})
+			k := key(t)
+			h, err := l.Lock(ctx, k, nil)
+			require.NoError(t, err)
+			tr.armed.Store(true)
+			var got any
+			func() {
+				defer func() { got = recover() }()
+				_ = h.Unlock(ctx)
+			}()
+			require.Equal(t, "query tracer bug", got)
+			select {
+			case <-h.Done():
+			case <-time.After(time.Minute): // a guard, not a budget
+				t.Fatal("Done never closed")
+			}
+			require.ErrorIs(t, h.Err(), advisory.ErrLockLost)
+			again := make(chan error, 1)
+			go func() { again <- h.Unlock(ctx) }()
+			select {
+			case err := <-again:
+				require.ErrorIs(t, err, advisory.ErrLockLost)
+			case <-time.After(time.Minute):
+				t.Fatal("a second Unlock waits for the first forever")
+			}
+			assert.EqualValues(t, 0, pool.Stat().AcquiredConns())
+			require.NoError(t, l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil }),
+				"the key, and the Locker's one connection slot, are free")
+		})
+	}
 }

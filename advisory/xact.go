@@ -175,7 +175,7 @@ type xactAttempt struct {
 	tx        pgx.TxOptions     // for BEGIN (Options.TxOptions)
 
 	// Filled by run for preamble.
-	timeout string
+	timeout textArg
 	bound   time.Duration
 	check   func(pgx.Rows) error
 	falses  int
@@ -185,7 +185,7 @@ type xactAttempt struct {
 // lock_timeout, the locks, and the restore of lock_timeout.
 func (x *xactAttempt) preamble(b *pgx.Batch) {
 	if x.timeout != "" {
-		b.Queue(sqlSetTimeout, &x.timeout) // a pointer: no boxing
+		b.Queue(sqlSetTimeout, &x.timeout) // a pointer: no boxing (it prints as the text: textArg)
 	}
 	x.s.queue(b, xactOp(x.try), x.shared, x.bound, x.check)
 	if x.timeout != "" {
@@ -215,7 +215,7 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 	// The wait's bound becomes the transaction's lock_timeout between the
 	// save and the restore; several keys share it (see keySet.queue).
 	if w.bound > 0 {
-		x.timeout = formatTimeout(w.bound)
+		x.timeout = textArg(formatTimeout(w.bound))
 		if len(x.s.all) > 1 {
 			x.bound = w.bound
 		}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -314,4 +315,55 @@ func TestListRollbackOfAFrozenNetworkIsBounded(t *testing.T) {
 				"the connection whose ROLLBACK went unanswered is destroyed, not pooled")
 		})
 	}
+}
+
+// listenPanicTracer is a pgx QueryTracer that panics once, at the start
+// of the first LISTEN after it is armed.
+type listenPanicTracer struct{ armed atomic.Bool }
+
+func (p *listenPanicTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.HasPrefix(d.SQL, "LISTEN ") && p.armed.CompareAndSwap(true, false) {
+		panic("listen tracer bug")
+	}
+	return ctx
+}
+
+func (*listenPanicTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// Review 16: the LISTEN connection's statements run on the listener's own
+// goroutine, through the pool config's Tracer; one that panicked there
+// ended the process. It counts as a failed connection now: the listener
+// connects again after its backoff (half to one poll interval), and the
+// waiter gets the lease once it is released.
+func TestListenerSurvivesAPanickingTracer(t *testing.T) {
+	cfg := pgtest.Config(t)
+	tr := &listenPanicTracer{}
+	tr.armed.Store(true)
+	cfg.ConnConfig.Tracer = tr
+	pool := pgtest.NewPool(t, cfg)
+	observer := pgtest.Pool(t)
+	schema := pgtest.Schema(t, observer)
+	ctx := testCtx(t)
+	m := newManager(t, pool, schema, lease.ManagerConfig{TTL: time.Minute, PollInterval: 200 * time.Millisecond})
+
+	held, err := m.TryAcquire(ctx, "r", nil)
+	require.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		l, err := m.Acquire(ctx, "r", nil)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	waitForListener(t, pool, observer) // the second LISTEN: the first panicked
+	assert.False(t, tr.armed.Load(), "the tracer panicked")
+	require.NoError(t, held.Release(ctx))
+	select {
+	case err := <-got:
+		require.NoError(t, err, "the waiter is woken and acquires")
+	case <-time.After(time.Minute): // a guard, not a budget
+		t.Fatal("the waiter was never woken")
+	}
+	assertNoListeners(t, pool)
 }

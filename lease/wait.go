@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -143,7 +144,9 @@ func (m *Manager) pollDelay(hint time.Duration) time.Duration {
 // connection config (host, TLS, credentials, runtime parameters; the pool's
 // BeforeConnect and AfterConnect hooks are not run, and the config's
 // OnNotification handler is dropped: with one set, pgx hands notifications
-// to it and WaitForNotification returns none), never a pooled one: so
+// to it and WaitForNotification returns none; a panic of its other hooks
+// or its Tracer there is recovered and counts as a failed connection,
+// retried after a backoff), never a pooled one: so
 // waiting never takes a connection from the attempts and releases it serves
 // (a pool of one connection works), and no connection that has run LISTEN
 // ever goes back to the pool. It is closed when the last waiter leaves,
@@ -283,7 +286,17 @@ func (l *listener) run(ctx context.Context, done chan struct{}) {
 // listen holds a dedicated connection in LISTEN until ctx ends or the
 // connection fails, then closes it (bounded by the cleanup timeout): the
 // connection is not pooled, so closing it is all the clean-up there is.
-func (l *listener) listen(ctx context.Context) error {
+func (l *listener) listen(ctx context.Context) (err error) {
+	defer func() {
+		// A hook or tracer of the pool's connection config that panics on
+		// this connection (its Tracer sees the LISTEN) runs on the
+		// listener's goroutine, where no caller could receive the panic:
+		// it counts as a failed connection (closed above, retried after
+		// the backoff) instead of ending the process.
+		if r := recover(); r != nil {
+			err = fmt.Errorf("lease: the LISTEN connection's hook or tracer panicked: %v", r)
+		}
+	}()
 	cfg := l.pool.Config().ConnConfig // a copy
 	cfg.OnNotification = nil          // see above: ours to read
 	conn, err := pgx.ConnectConfig(ctx, cfg)
