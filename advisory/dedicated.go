@@ -69,9 +69,13 @@ func (d *dedicated) release(ctx context.Context, h *Lock) error {
 	// once (TraceLost, Err) instead of by the watcher.
 	done := false
 	defer func() {
-		if !done { // the unlock panicked (a pgx tracer's): the connection goes, the panic on up
+		if !done {
+			// The unlock panicked (a pgx tracer's): the connection goes,
+			// and the lock with it, traced once as lost (Lock.Unlock
+			// records it); the panic goes on up.
 			h.a.c.MarkDirty(errStatementPanicked)
 			h.l.unpin(h.a.c)
+			h.a.span.lost(&LockError{Op: opName(kindUnlock, h.a.shared), Keys: h.a.s.all, Err: join(ErrLockLost, errStatementPanicked)})
 		}
 	}()
 	err := h.l.unlockSession(ctx, h.a.c, &h.a.request)

@@ -224,7 +224,8 @@ func TestHandleWhoseUnlockPanickedIsLost(t *testing.T) {
 			cfg := pgtest.Config(t)
 			cfg.ConnConfig.Tracer = tr
 			pool := pgtest.NewPool(t, cfg)
-			l := newLocker(t, pool, advisory.Config{DisableMultiplexing: dedicated, MaxConns: 1})
+			ends := &endTracer{}
+			l := newLocker(t, pool, advisory.Config{DisableMultiplexing: dedicated, MaxConns: 1, Tracer: ends})
 			k := key(t)
 			h, err := l.Lock(ctx, k, nil)
 			require.NoError(t, err)
@@ -250,8 +251,36 @@ func TestHandleWhoseUnlockPanickedIsLost(t *testing.T) {
 				t.Fatal("a second Unlock waits for the first forever")
 			}
 			assert.EqualValues(t, 0, pool.Stat().AcquiredConns())
+			ends.mu.Lock()
+			assert.Equal(t, 1, ends.lost, "the lock's end is traced once, as a loss (review 17: dedicated, never)")
+			assert.Zero(t, ends.released)
+			ends.mu.Unlock()
 			require.NoError(t, l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil }),
 				"the key, and the Locker's one connection slot, are free")
 		})
 	}
+}
+
+// endTracer counts how held locks end: TraceRelease and TraceLost.
+type endTracer struct {
+	mu             sync.Mutex
+	released, lost int
+}
+
+func (*endTracer) TraceAcquireStart(ctx context.Context, _ advisory.TraceAcquireStartData) context.Context {
+	return ctx
+}
+
+func (*endTracer) TraceAcquireEnd(context.Context, advisory.TraceAcquireEndData) {}
+
+func (e *endTracer) TraceRelease(context.Context, advisory.TraceReleaseData) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.released++
+}
+
+func (e *endTracer) TraceLost(context.Context, advisory.TraceLostData) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.lost++
 }

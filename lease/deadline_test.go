@@ -317,8 +317,8 @@ func TestListRollbackOfAFrozenNetworkIsBounded(t *testing.T) {
 	}
 }
 
-// listenPanicTracer is a pgx QueryTracer that panics once, at the start
-// of the first LISTEN after it is armed.
+// listenPanicTracer is a pgx QueryTracer and ConnectTracer that panics,
+// once armed, at the start of a LISTEN and at the end of a connect.
 type listenPanicTracer struct{ armed atomic.Bool }
 
 func (p *listenPanicTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
@@ -330,40 +330,91 @@ func (p *listenPanicTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d 
 
 func (*listenPanicTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// Review 16: the LISTEN connection's statements run on the listener's own
-// goroutine, through the pool config's Tracer; one that panicked there
-// ended the process. It counts as a failed connection now: the listener
-// connects again after its backoff (half to one poll interval), and the
-// waiter gets the lease once it is released.
-func TestListenerSurvivesAPanickingTracer(t *testing.T) {
-	cfg := pgtest.Config(t)
-	tr := &listenPanicTracer{}
-	tr.armed.Store(true)
-	cfg.ConnConfig.Tracer = tr
-	pool := pgtest.NewPool(t, cfg)
-	observer := pgtest.Pool(t)
-	schema := pgtest.Schema(t, observer)
-	ctx := testCtx(t)
-	m := newManager(t, pool, schema, lease.ManagerConfig{TTL: time.Minute, PollInterval: 200 * time.Millisecond})
+func (p *listenPanicTracer) TraceConnectStart(ctx context.Context, _ pgx.TraceConnectStartData) context.Context {
+	return ctx
+}
 
-	held, err := m.TryAcquire(ctx, "r", nil)
-	require.NoError(t, err)
-	got := make(chan error, 1)
-	go func() {
-		l, err := m.Acquire(ctx, "r", nil)
-		if err == nil {
-			err = l.Release(ctx)
-		}
-		got <- err
-	}()
-	waitForListener(t, pool, observer) // the second LISTEN: the first panicked
-	assert.False(t, tr.armed.Load(), "the tracer panicked")
-	require.NoError(t, held.Release(ctx))
-	select {
-	case err := <-got:
-		require.NoError(t, err, "the waiter is woken and acquires")
-	case <-time.After(time.Minute): // a guard, not a budget
-		t.Fatal("the waiter was never woken")
+func (p *listenPanicTracer) TraceConnectEnd(_ context.Context, d pgx.TraceConnectEndData) {
+	if d.Err == nil && p.armed.CompareAndSwap(true, false) {
+		panic("connect tracer bug")
 	}
-	assertNoListeners(t, pool)
+}
+
+// Review 16 and 17: the LISTEN connection is opened and used on the
+// listener's own goroutine, with the pool config's Tracer and connect
+// hooks. A Tracer that panicked there ended the process; once that was
+// recovered, a hook that panicked after the session was up
+// (TraceConnectEnd, pgconn's AfterConnect or ValidateConnect) left a
+// server session nothing closed, one per retry. Now the Tracer is not used
+// on that connection, and a panic of those hooks is their error, on which
+// pgconn closes the connection: the waiter gets the lease, and once it has
+// left no session of the pool's application is open but the pool's own.
+func TestListenerSurvivesPanickingHooks(t *testing.T) {
+	for _, hook := range []string{"Tracer", "AfterConnect", "ValidateConnect"} {
+		t.Run(hook, func(t *testing.T) {
+			cfg := pgtest.Config(t)
+			cfg.MaxConns = 1
+			var armed atomic.Bool
+			var panics atomic.Int32
+			boom := func(context.Context, *pgconn.PgConn) error {
+				if armed.Load() {
+					panics.Add(1)
+					panic("connect hook bug")
+				}
+				return nil
+			}
+			tr := &listenPanicTracer{}
+			switch hook {
+			case "Tracer":
+				cfg.ConnConfig.Tracer = tr
+			case "AfterConnect":
+				cfg.ConnConfig.AfterConnect = boom
+			case "ValidateConnect":
+				cfg.ConnConfig.ValidateConnect = boom
+			}
+			pool := pgtest.NewPool(t, cfg)
+			observer := pgtest.Pool(t)
+			schema := pgtest.Schema(t, observer)
+			ctx := testCtx(t)
+			m := newManager(t, pool, schema, lease.ManagerConfig{TTL: time.Minute, PollInterval: 100 * time.Millisecond})
+			held, err := m.TryAcquire(ctx, "r", nil) // the pool's one connection is up: only the listener dials now
+			require.NoError(t, err)
+			tr.armed.Store(true)
+			armed.Store(true)
+			got := make(chan error, 1)
+			go func() {
+				l, err := m.Acquire(ctx, "r", nil)
+				if err == nil {
+					err = l.Release(ctx)
+				}
+				got <- err
+			}()
+			if hook == "Tracer" {
+				waitForListener(t, pool, observer)
+				assert.True(t, tr.armed.Load(), "the pool's Tracer is not used on the LISTEN connection")
+			} else {
+				require.Eventually(t, func() bool { return panics.Load() >= 3 }, 20*time.Second, time.Millisecond,
+					"the listener retries after each failed connect")
+				// each failed connect's session was closed with it (one
+				// connect may be under way)
+				app := pool.Config().ConnConfig.RuntimeParams["application_name"]
+				n := queryOne[int](t, observer, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app)
+				assert.LessOrEqual(t, n, int(pool.Stat().TotalConns())+1, "sessions of failed connects are left open")
+				armed.Store(false)
+				waitForListener(t, pool, observer)
+			}
+			require.NoError(t, held.Release(ctx))
+			select {
+			case err := <-got:
+				require.NoError(t, err, "the waiter gets the lease")
+			case <-time.After(time.Minute): // a guard, not a budget
+				t.Fatal("the waiter never got the lease")
+			}
+			app := pool.Config().ConnConfig.RuntimeParams["application_name"]
+			assert.Eventually(t, func() bool {
+				return queryOne[int](t, observer, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app) == int(pool.Stat().TotalConns())
+			}, 20*time.Second, 5*time.Millisecond, "no session of the failed connects is left open")
+			assertNoListeners(t, pool)
+		})
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgxlock/pgxlock/pooltx"
@@ -144,9 +145,10 @@ func (m *Manager) pollDelay(hint time.Duration) time.Duration {
 // connection config (host, TLS, credentials, runtime parameters; the pool's
 // BeforeConnect and AfterConnect hooks are not run, and the config's
 // OnNotification handler is dropped: with one set, pgx hands notifications
-// to it and WaitForNotification returns none; a panic of its other hooks
-// or its Tracer there is recovered and counts as a failed connection,
-// retried after a backoff), never a pooled one: so
+// to it and WaitForNotification returns none; its Tracer is not used
+// there; a panic of its other hooks there is recovered and counts as a
+// failed connection, closed and retried after a backoff), never a pooled
+// one: so
 // waiting never takes a connection from the attempts and releases it serves
 // (a pool of one connection works), and no connection that has run LISTEN
 // ever goes back to the pool. It is closed when the last waiter leaves,
@@ -283,22 +285,46 @@ func (l *listener) run(ctx context.Context, done chan struct{}) {
 	}
 }
 
+// recoverHook returns f with a panic of its turned into its error (nil
+// stays nil).
+func recoverHook(f func(context.Context, *pgconn.PgConn) error) func(context.Context, *pgconn.PgConn) error {
+	if f == nil {
+		return nil
+	}
+	return func(ctx context.Context, pg *pgconn.PgConn) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("lease: a connect hook of the pool's config panicked on the LISTEN connection: %v", r)
+			}
+		}()
+		return f(ctx, pg)
+	}
+}
+
 // listen holds a dedicated connection in LISTEN until ctx ends or the
 // connection fails, then closes it (bounded by the cleanup timeout): the
 // connection is not pooled, so closing it is all the clean-up there is.
 func (l *listener) listen(ctx context.Context) (err error) {
 	defer func() {
-		// A hook or tracer of the pool's connection config that panics on
-		// this connection (its Tracer sees the LISTEN) runs on the
-		// listener's goroutine, where no caller could receive the panic:
-		// it counts as a failed connection (closed above, retried after
-		// the backoff) instead of ending the process.
+		// A hook of the pool's connection config that panics on this
+		// connection (OnNotice, say) runs on the listener's goroutine,
+		// where no caller could receive the panic: it counts as a failed
+		// connection (closed above, retried after the backoff) instead of
+		// ending the process.
 		if r := recover(); r != nil {
 			err = fmt.Errorf("lease: the LISTEN connection's hook or tracer panicked: %v", r)
 		}
 	}()
 	cfg := l.pool.Config().ConnConfig // a copy
 	cfg.OnNotification = nil          // see above: ours to read
+	// A hook that panicked once the session was up (ConnectTracer's
+	// TraceConnectEnd, pgconn's AfterConnect or ValidateConnect) would
+	// leave a session nothing closes: the Tracer is not used on this
+	// connection, and a panic of those two hooks is their error, on which
+	// pgconn closes the connection.
+	cfg.Tracer = nil
+	cfg.AfterConnect = recoverHook(cfg.AfterConnect)
+	cfg.ValidateConnect = recoverHook(cfg.ValidateConnect)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err
