@@ -61,8 +61,9 @@
 // expires (an expiry sends no notification). All waiting calls of a Manager
 // share one dedicated connection for LISTEN, opened from the pool's
 // connection config (the pool's BeforeConnect and AfterConnect hooks do not
-// run for it, and an OnNotification handler of that config is not called
-// for it: the Manager reads its notifications itself), held only while
+// run for it, an OnNotification handler of that config is not called for
+// it, the Manager reading its notifications itself, and its Tracer does
+// not see it), held only while
 // someone waits and then closed: it never takes
 // a pooled connection, so a pool of one connection is enough, and a
 // connection that ran LISTEN never goes back to the pool. Attempts borrow a
