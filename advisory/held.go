@@ -26,7 +26,14 @@ func (l *Locker) acquireHeld(ctx context.Context, h *Lock) error {
 	a := h.a
 	a.span = &a.sp
 	l.initSpan(a.span, ctx, ScopeSession, a.s.all, a.shared, a.try)
+	done := false
+	defer func() {
+		if !done {
+			a.span.endCut(a.op) // a panic: success (adopt) may have been traced already
+		}
+	}()
 	err := l.acquireHeldTraced(ctx, h)
+	done = true
 	if err != nil {
 		a.span.acquired(err) // success is traced by adopt
 	}

@@ -217,6 +217,7 @@ func (l *Locker) lockInTx(ctx context.Context, c *inTxCall, tx pgx.Tx, ks []keys
 
 	sp := &c.sp
 	l.initSpanInTx(sp, ctx, s.all, shared, try)
+	defer sp.endCut(op)
 	end := func(err error) error {
 		if err != nil {
 			err = fail(err)

@@ -405,6 +405,7 @@ func oneKey(key keys.Key) (*acquired, []keys.Key) {
 func (l *Locker) acquireSession(ctx context.Context, a *acquired) error {
 	a.span = &a.sp
 	l.initSpan(a.span, ctx, ScopeSession, a.s.all, a.shared, a.try)
+	defer a.span.endCut(a.op)
 	err := l.acquireSessionTraced(ctx, a)
 	a.span.acquired(err)
 	return err

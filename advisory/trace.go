@@ -222,6 +222,19 @@ type span struct {
 	data  TraceAcquireStartData
 	start time.Time // zero where the Locker is silent: nothing reads the times
 	got   time.Time
+
+	acqEnded bool // acquired has run: the acquisition's end is traced
+}
+
+// endCut, deferred where an acquisition starts, traces its end when a
+// panic unwound past the code that would have (a pgx tracer's panic in the
+// lock statement, say: the connection, and any lock it was granted, went
+// with it): TraceAcquireEnd with an error, once. On every other path the
+// acquisition has ended by then, and endCut does nothing.
+func (s *span) endCut(op string) {
+	if !s.acqEnded {
+		s.acquired(&LockError{Op: op, Keys: s.data.Keys, Err: errStatementPanicked})
+	}
 }
 
 func (l *Locker) startSpan(ctx context.Context, scope Scope, ks []keys.Key, shared, try bool) *span {
@@ -277,6 +290,7 @@ func (s *span) logPanic(event string, v any) {
 
 // acquired ends the acquisition with err (nil: acquired).
 func (s *span) acquired(err error) {
+	s.acqEnded = true
 	if s.l.silent {
 		return // nothing would see the event or its times
 	}

@@ -119,7 +119,8 @@ func TestPoolQueryTracerPanicLeavesNoLockBehind(t *testing.T) {
 			cfg.MaxConns = 2
 			cfg.ConnConfig.Tracer = tr
 			pool := pgtest.NewPool(t, cfg)
-			l := newLocker(t, pool, advisory.Config{DisableMultiplexing: tc.dedicated})
+			ends := &endTracer{}
+			l := newLocker(t, pool, advisory.Config{DisableMultiplexing: tc.dedicated, Tracer: ends})
 			var other *advisory.Lock
 			if tc.other {
 				var err error
@@ -143,6 +144,9 @@ func TestPoolQueryTracerPanicLeavesNoLockBehind(t *testing.T) {
 				require.ErrorIs(t, other.Err(), advisory.ErrLockLost)
 			}
 			assert.EqualValues(t, 0, pool.Stat().AcquiredConns(), "no connection is kept out of the pool")
+			ends.mu.Lock()
+			assert.Equal(t, ends.starts, ends.acqEnds, "every traced acquisition start has its end (review 18: a waiting gauge stayed up)")
+			ends.mu.Unlock()
 			require.NoError(t, l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil }), "the key can be taken again")
 		})
 	}
@@ -261,17 +265,25 @@ func TestHandleWhoseUnlockPanickedIsLost(t *testing.T) {
 	}
 }
 
-// endTracer counts how held locks end: TraceRelease and TraceLost.
+// endTracer counts acquisitions' starts and ends, and how held locks
+// end: TraceRelease and TraceLost.
 type endTracer struct {
-	mu             sync.Mutex
-	released, lost int
+	mu                              sync.Mutex
+	starts, acqEnds, released, lost int
 }
 
-func (*endTracer) TraceAcquireStart(ctx context.Context, _ advisory.TraceAcquireStartData) context.Context {
+func (e *endTracer) TraceAcquireStart(ctx context.Context, _ advisory.TraceAcquireStartData) context.Context {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.starts++
 	return ctx
 }
 
-func (*endTracer) TraceAcquireEnd(context.Context, advisory.TraceAcquireEndData) {}
+func (e *endTracer) TraceAcquireEnd(context.Context, advisory.TraceAcquireEndData) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.acqEnds++
+}
 
 func (e *endTracer) TraceRelease(context.Context, advisory.TraceReleaseData) {
 	e.mu.Lock()

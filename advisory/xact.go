@@ -118,6 +118,7 @@ func (l *Locker) withXact(ctx context.Context, call *xactCall, ks []keys.Key, op
 	}
 	sp := &call.sp
 	l.initSpan(sp, ctx, ScopeXact, s.all, shared, try)
+	defer sp.endCut(op)
 	wctx := l.waitBound(ctx, &call.bw, opts, try)
 	defer call.bw.stop()
 	c, t, err := l.pinInto(wctx, r, &call.tk)

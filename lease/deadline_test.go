@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -350,7 +353,7 @@ func (p *listenPanicTracer) TraceConnectEnd(_ context.Context, d pgx.TraceConnec
 // pgconn closes the connection: the waiter gets the lease, and once it has
 // left no session of the pool's application is open but the pool's own.
 func TestListenerSurvivesPanickingHooks(t *testing.T) {
-	for _, hook := range []string{"Tracer", "AfterConnect", "ValidateConnect"} {
+	for _, hook := range []string{"Tracer", "AfterConnect", "ValidateConnect", "AfterNetConnect", "BuildFrontend", "ContextWatcher"} {
 		t.Run(hook, func(t *testing.T) {
 			cfg := pgtest.Config(t)
 			cfg.MaxConns = 1
@@ -364,6 +367,7 @@ func TestListenerSurvivesPanickingHooks(t *testing.T) {
 				return nil
 			}
 			tr := &listenPanicTracer{}
+			var cancels atomic.Int32
 			switch hook {
 			case "Tracer":
 				cfg.ConnConfig.Tracer = tr
@@ -371,6 +375,28 @@ func TestListenerSurvivesPanickingHooks(t *testing.T) {
 				cfg.ConnConfig.AfterConnect = boom
 			case "ValidateConnect":
 				cfg.ConnConfig.ValidateConnect = boom
+			case "AfterNetConnect": // before the startup message: a socket, no session yet
+				cfg.ConnConfig.AfterNetConnect = func(ctx context.Context, _ *pgconn.Config, nc net.Conn) (net.Conn, error) {
+					if armed.Load() {
+						panics.Add(1)
+						panic("connect hook bug")
+					}
+					return nc, nil
+				}
+			case "BuildFrontend":
+				build := cfg.ConnConfig.BuildFrontend
+				cfg.ConnConfig.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+					if armed.Load() {
+						panics.Add(1)
+						panic("connect hook bug")
+					}
+					return build(r, w)
+				}
+			case "ContextWatcher": // its HandleCancel would run on pgconn's own goroutine
+				build := cfg.ConnConfig.BuildContextWatcherHandler
+				cfg.ConnConfig.BuildContextWatcherHandler = func(pg *pgconn.PgConn) ctxwatch.Handler {
+					return &panickyWatcher{Handler: build(pg), armed: &armed, cancels: &cancels}
+				}
 			}
 			pool := pgtest.NewPool(t, cfg)
 			observer := pgtest.Pool(t)
@@ -389,7 +415,8 @@ func TestListenerSurvivesPanickingHooks(t *testing.T) {
 				}
 				got <- err
 			}()
-			if hook == "Tracer" {
+			fds := openSockets(t)
+			if hook == "Tracer" || hook == "ContextWatcher" {
 				waitForListener(t, pool, observer)
 				assert.True(t, tr.armed.Load(), "the pool's Tracer is not used on the LISTEN connection")
 			} else {
@@ -400,6 +427,7 @@ func TestListenerSurvivesPanickingHooks(t *testing.T) {
 				app := pool.Config().ConnConfig.RuntimeParams["application_name"]
 				n := queryOne[int](t, observer, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app)
 				assert.LessOrEqual(t, n, int(pool.Stat().TotalConns())+1, "sessions of failed connects are left open")
+				assert.LessOrEqual(t, openSockets(t), fds+1, "sockets of failed connects are left open")
 				armed.Store(false)
 				waitForListener(t, pool, observer)
 			}
@@ -415,6 +443,38 @@ func TestListenerSurvivesPanickingHooks(t *testing.T) {
 				return queryOne[int](t, observer, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app) == int(pool.Stat().TotalConns())
 			}, 20*time.Second, 5*time.Millisecond, "no session of the failed connects is left open")
 			assertNoListeners(t, pool)
+			assert.Zero(t, cancels.Load(), "the pool's context watcher handler is not used on the LISTEN connection")
 		})
 	}
+}
+
+// panickyWatcher is a pgconn context watcher handler whose HandleCancel
+// panics while armed.
+type panickyWatcher struct {
+	ctxwatch.Handler
+	armed   *atomic.Bool
+	cancels *atomic.Int32
+}
+
+func (w *panickyWatcher) HandleCancel(ctx context.Context) {
+	if w.armed.Load() {
+		w.cancels.Add(1)
+		panic("context watcher bug")
+	}
+	w.Handler.HandleCancel(ctx)
+}
+
+// openSockets counts the process's open sockets (Linux; elsewhere 0).
+func openSockets(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range ents {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(target, "socket:") {
+			n++
+		}
+	}
+	return n
 }

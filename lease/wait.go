@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgxlock/pgxlock/pooltx"
@@ -145,10 +147,11 @@ func (m *Manager) pollDelay(hint time.Duration) time.Duration {
 // connection config (host, TLS, credentials, runtime parameters; the pool's
 // BeforeConnect and AfterConnect hooks are not run, and the config's
 // OnNotification handler is dropped: with one set, pgx hands notifications
-// to it and WaitForNotification returns none; its Tracer is not used
-// there; a panic of its other hooks there is recovered and counts as a
-// failed connection, closed and retried after a backoff), never a pooled
-// one: so
+// to it and WaitForNotification returns none; its Tracer and its
+// BuildContextWatcherHandler are not used there (pgconn's deadline
+// handler is); a panic of its other hooks there is recovered and counts
+// as a failed connection, its sockets closed, retried after a backoff),
+// never a pooled one: so
 // waiting never takes a connection from the attempts and releases it serves
 // (a pool of one connection works), and no connection that has run LISTEN
 // ever goes back to the pool. It is closed when the last waiter leaves,
@@ -305,26 +308,51 @@ func recoverHook(f func(context.Context, *pgconn.PgConn) error) func(context.Con
 // connection fails, then closes it (bounded by the cleanup timeout): the
 // connection is not pooled, so closing it is all the clean-up there is.
 func (l *listener) listen(ctx context.Context) (err error) {
+	// Every socket this connect dials, so that a panic part-way (a hook's
+	// of the pool's connection config: AfterNetConnect, BuildFrontend,
+	// OnNotice during startup, ...), which pgconn does not clean up after,
+	// closes what it left, session included.
+	var mu sync.Mutex
+	var dialed []net.Conn
 	defer func() {
-		// A hook of the pool's connection config that panics on this
-		// connection (OnNotice, say) runs on the listener's goroutine,
-		// where no caller could receive the panic: it counts as a failed
-		// connection (closed above, retried after the backoff) instead of
-		// ending the process.
+		// Such a panic runs on the listener's goroutine, where no caller
+		// could receive it: it counts as a failed connection (closed,
+		// retried after the backoff) instead of ending the process.
 		if r := recover(); r != nil {
-			err = fmt.Errorf("lease: the LISTEN connection's hook or tracer panicked: %v", r)
+			mu.Lock()
+			for _, nc := range dialed {
+				_ = nc.Close()
+			}
+			mu.Unlock()
+			err = fmt.Errorf("lease: a hook of the LISTEN connection panicked: %v", r)
 		}
 	}()
 	cfg := l.pool.Config().ConnConfig // a copy
 	cfg.OnNotification = nil          // see above: ours to read
-	// A hook that panicked once the session was up (ConnectTracer's
-	// TraceConnectEnd, pgconn's AfterConnect or ValidateConnect) would
-	// leave a session nothing closes: the Tracer is not used on this
-	// connection, and a panic of those two hooks is their error, on which
-	// pgconn closes the connection.
+	// The Tracer is not used on this connection; a panic of pgconn's
+	// AfterConnect or ValidateConnect is their error, on which pgconn
+	// closes the connection; cancellation is pgconn's own deadline handler
+	// (a handler of the config's runs on pgconn's watcher goroutine, where
+	// its panic could not be recovered).
 	cfg.Tracer = nil
 	cfg.AfterConnect = recoverHook(cfg.AfterConnect)
 	cfg.ValidateConnect = recoverHook(cfg.ValidateConnect)
+	cfg.BuildContextWatcherHandler = func(pg *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pg.Conn()}
+	}
+	dial := cfg.DialFunc
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nc, err := dial(ctx, network, addr)
+		if err == nil {
+			mu.Lock()
+			dialed = append(dialed, nc)
+			mu.Unlock()
+		}
+		return nc, err
+	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err
