@@ -234,6 +234,7 @@ func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options
 	}
 	s := &r.s
 	sp := l.startSpan(ctx, ScopeXact, s.all, shared, try)
+	defer sp.endCut(op) // a panic before the reader's guard below (in the pin, say)
 	wctx := l.waitBound(ctx, &call.bw, opts, try)
 	defer call.bw.stop()
 	c, t, err := l.pin(wctx, r)

@@ -81,13 +81,25 @@ func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock) error {
 			}
 			continue // abandoned, retired or lost meanwhile: pick or open again
 		}
-		var c *pooltx.Conn
-		var err error
-		if !retried {
-			c, err = l.conn(wctx)
-		} else {
-			c, err = l.livePin(wctx) // a connection it has just pinged
-		}
+		c, err := func() (c *pooltx.Conn, err error) {
+			done := false
+			defer func() {
+				if !done {
+					// A panic of the pool's while drawing the connection
+					// (a pgx tracer or pgxpool hook): hc, which the calls
+					// that come meanwhile share, must not stay "opening"
+					// for good; the panic goes on up.
+					hc.abandon()
+				}
+			}()
+			if !retried {
+				c, err = l.conn(wctx)
+			} else {
+				c, err = l.livePin(wctx) // a connection it has just pinged
+			}
+			done = true
+			return c, err
+		}()
 		if err != nil {
 			hc.abandon()
 			return &LockError{Op: a.op, Keys: a.s.all, Err: classify(ctx, err)}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -295,4 +296,83 @@ func (e *endTracer) TraceLost(context.Context, advisory.TraceLostData) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.lost++
+}
+
+// acquirePanicTracer is a pgx QueryTracer that is also a pgxpool
+// AcquireTracer, and panics once armed when the pool starts an Acquire.
+type acquirePanicTracer struct{ armed atomic.Bool }
+
+func (*acquirePanicTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (*acquirePanicTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (p *acquirePanicTracer) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	if p.armed.CompareAndSwap(true, false) {
+		panic("acquire tracer bug")
+	}
+	return ctx
+}
+
+func (*acquirePanicTracer) TraceAcquireEnd(context.Context, *pgxpool.Pool, pgxpool.TraceAcquireEndData) {
+}
+
+// Review 19: a panic while the Locker draws a connection (here a pgxpool
+// AcquireTracer's). A multiplexed Try call had registered the holder
+// connection it was opening, which the calls after it share: it stayed
+// "opening" for good, and every later TryLock failed with ErrNoConnection
+// (a blocking Lock hung). And WithXactLockBatch's acquisition was never
+// traced as ended. After the panic the Locker works, and every traced
+// start has its end.
+func TestPoolAcquirePanicLeavesTheLockerWorking(t *testing.T) {
+	forms := []struct {
+		name string
+		call func(ctx context.Context, l *advisory.Locker, k keys.Key)
+	}{
+		{"TryLock", func(ctx context.Context, l *advisory.Locker, k keys.Key) { _, _ = l.TryLock(ctx, k, nil) }},
+		{"TryLockAll", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
+			_, _ = l.TryLockAll(ctx, []keys.Key{k, key(t)}, nil)
+		}},
+		{"Lock", func(ctx context.Context, l *advisory.Locker, k keys.Key) { _, _ = l.Lock(ctx, k, nil) }},
+		{"WithLock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
+			_ = l.WithLock(ctx, k, nil, func(context.Context, *pgx.Conn) error { return nil })
+		}},
+		{"WithXactLock", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
+			_ = l.WithXactLock(ctx, k, nil, func(context.Context, pgx.Tx) error { return nil })
+		}},
+		{"WithXactLockBatch", func(ctx context.Context, l *advisory.Locker, k keys.Key) {
+			b := &pgx.Batch{}
+			b.Queue("SELECT 1")
+			_ = l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b)
+		}},
+	}
+	for _, f := range forms {
+		t.Run(f.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			tr := &acquirePanicTracer{}
+			cfg := pgtest.Config(t)
+			cfg.ConnConfig.Tracer = tr
+			pool := pgtest.NewPool(t, cfg)
+			ends := &endTracer{}
+			l := newLocker(t, pool, advisory.Config{LockTimeout: 10 * time.Second, Tracer: ends})
+			tr.armed.Store(true)
+			var got any
+			func() {
+				defer func() { got = recover() }()
+				f.call(ctx, l, key(t))
+			}()
+			require.Equal(t, "acquire tracer bug", got)
+			h, err := l.TryLock(ctx, key(t), nil)
+			require.NoError(t, err, "a later Try call is served")
+			require.NoError(t, h.Unlock(ctx))
+			h, err = l.Lock(ctx, key(t), nil)
+			require.NoError(t, err, "a later blocking call is served")
+			require.NoError(t, h.Unlock(ctx))
+			assert.EqualValues(t, 0, pool.Stat().AcquiredConns())
+			ends.mu.Lock()
+			assert.Equal(t, ends.starts, ends.acqEnds, "every traced acquisition start has its end")
+			ends.mu.Unlock()
+		})
+	}
 }
