@@ -26,14 +26,8 @@ func (l *Locker) acquireHeld(ctx context.Context, h *Lock) error {
 	a := h.a
 	a.span = &a.sp
 	l.initSpan(a.span, ctx, ScopeSession, a.s.all, a.shared, a.try)
-	done := false
-	defer func() {
-		if !done {
-			a.span.endCut(a.op) // a panic: success (adopt) may have been traced already
-		}
-	}()
+	defer a.span.endCut(a.op) // a panic; success is traced by adopt, as below
 	err := l.acquireHeldTraced(ctx, h)
-	done = true
 	if err != nil {
 		a.span.acquired(err) // success is traced by adopt
 	}

@@ -81,15 +81,7 @@ func TestDeadIdleConnectionRetryUsesALiveConnection(t *testing.T) {
 	pool := pgtest.Pool(t)
 	const idle = 3
 	afterKill(t, pool, func(ctx context.Context) {
-		conns := make([]*pgxpool.Conn, idle)
-		for i := range conns {
-			c, err := pool.Acquire(ctx)
-			require.NoError(t, err)
-			conns[i] = c
-		}
-		for _, c := range conns {
-			c.Release()
-		}
+		pgtest.IdleConns(ctx, t, pool, idle)
 		require.EqualValues(t, idle, pool.Stat().IdleConns())
 	})
 }
@@ -138,15 +130,7 @@ func TestFirstCallOfALockerRetriesDeadIdleConnection(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/idle=%d", name, idle), func(t *testing.T) {
 				ctx := testCtx(t)
 				pool := pgtest.Pool(t)
-				conns := make([]*pgxpool.Conn, idle)
-				for i := range conns {
-					c, err := pool.Acquire(ctx)
-					require.NoError(t, err)
-					conns[i] = c
-				}
-				for _, c := range conns {
-					c.Release()
-				}
+				pgtest.IdleConns(ctx, t, pool, idle)
 				killIdle(ctx, t, pool, pgtest.Pool(t))
 				require.NoError(t, form(ctx, newLocker(t, pool, advisory.Config{}), key(t)))
 				assert.EqualValues(t, 0, pool.Stat().AcquiredConns())

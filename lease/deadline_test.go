@@ -25,6 +25,32 @@ import (
 	"github.com/pgxlock/pgxlock/lease"
 )
 
+// acquireLater runs m.Acquire of resource, then its Release, in a
+// goroutine of its own; the channel gets the error.
+func acquireLater(ctx context.Context, m *lease.Manager, resource string) <-chan error {
+	got := make(chan error, 1)
+	go func() {
+		l, err := m.Acquire(ctx, resource, nil)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	return got
+}
+
+// requireAcquired waits for acquireLater's result, which must be nil
+// (woken, acquired, released); the minute is a guard, not a budget.
+func requireAcquired(t *testing.T, got <-chan error, woken, never string) {
+	t.Helper()
+	select {
+	case err := <-got:
+		require.NoError(t, err, woken)
+	case <-time.After(time.Minute):
+		t.Fatal(never)
+	}
+}
+
 // waitForListener waits (bounded) until a backend of pool's application is
 // in LISTEN: a waiter has subscribed.
 func waitForListener(t *testing.T, pool *pgxpool.Pool, observer *pgxpool.Pool) {
@@ -51,25 +77,13 @@ func TestPoolOfOneListenerDoesNotStarveCalls(t *testing.T) {
 
 	held, err := m.TryAcquire(ctx, "r", nil)
 	require.NoError(t, err)
-	got := make(chan error, 1)
-	go func() {
-		l, err := m.Acquire(ctx, "r", nil)
-		if err == nil {
-			err = l.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireLater(ctx, m, "r")
 	waitForListener(t, pool, observer)
 
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	require.NoError(t, held.Release(rctx), "the holder's release gets the pool's one connection")
-	select {
-	case err := <-got:
-		require.NoError(t, err, "the waiter is woken and acquires")
-	case <-time.After(20 * time.Second):
-		t.Fatal("the waiter never acquired")
-	}
+	requireAcquired(t, got, "the waiter is woken and acquires", "the waiter never acquired")
 	assert.Zero(t, pool.Stat().AcquiredConns())
 	assertNoListeners(t, pool)
 }
@@ -252,22 +266,10 @@ func TestListenerIgnoresThePoolsOnNotificationHandler(t *testing.T) {
 
 	held, err := m.TryAcquire(ctx, "r", nil)
 	require.NoError(t, err)
-	got := make(chan error, 1)
-	go func() {
-		l, err := m.Acquire(ctx, "r", nil)
-		if err == nil {
-			err = l.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireLater(ctx, m, "r")
 	waitForListener(t, pool, observer)
 	require.NoError(t, held.Release(ctx))
-	select {
-	case err := <-got:
-		require.NoError(t, err, "the waiter is woken by the release's notification and acquires")
-	case <-time.After(20 * time.Second):
-		t.Fatal("the waiter was never woken")
-	}
+	requireAcquired(t, got, "the waiter is woken by the release's notification and acquires", "the waiter was never woken")
 	assert.Zero(t, seen.Load(), "the pool's handler got the listener's notifications")
 	assertNoListeners(t, pool)
 }
@@ -407,14 +409,7 @@ func TestListenerSurvivesPanickingHooks(t *testing.T) {
 			require.NoError(t, err)
 			tr.armed.Store(true)
 			armed.Store(true)
-			got := make(chan error, 1)
-			go func() {
-				l, err := m.Acquire(ctx, "r", nil)
-				if err == nil {
-					err = l.Release(ctx)
-				}
-				got <- err
-			}()
+			got := acquireLater(ctx, m, "r")
 			fds := openSockets(t)
 			if hook == "Tracer" || hook == "ContextWatcher" {
 				waitForListener(t, pool, observer)
@@ -432,12 +427,7 @@ func TestListenerSurvivesPanickingHooks(t *testing.T) {
 				waitForListener(t, pool, observer)
 			}
 			require.NoError(t, held.Release(ctx))
-			select {
-			case err := <-got:
-				require.NoError(t, err, "the waiter gets the lease")
-			case <-time.After(time.Minute): // a guard, not a budget
-				t.Fatal("the waiter never got the lease")
-			}
+			requireAcquired(t, got, "the waiter gets the lease", "the waiter never got the lease")
 			app := pool.Config().ConnConfig.RuntimeParams["application_name"]
 			assert.Eventually(t, func() bool {
 				return queryOne[int](t, observer, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app) == int(pool.Stat().TotalConns())

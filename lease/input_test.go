@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -218,14 +217,7 @@ func TestDoReleaseRetriedOnDeadConnection(t *testing.T) {
 			return queryOne[int](t, observer, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app) == 0
 		}, 20*time.Second, 5*time.Millisecond)
 	}
-	warm := func() { // two idle connections in the pool, both to be killed
-		c1, err := pool.Acquire(ctx)
-		require.NoError(t, err)
-		c2, err := pool.Acquire(ctx)
-		require.NoError(t, err)
-		c1.Release()
-		c2.Release()
-	}
+	warm := func() { pgtest.IdleConns(ctx, t, pool, 2) } // two idle connections in the pool, both to be killed
 	t.Run("manager", func(t *testing.T) {
 		warm()
 		err := m.TryDo(ctx, "r", nil, func(ctx context.Context, l *lease.Lease) error { killPool(); return nil })
@@ -263,15 +255,7 @@ func TestDoReleaseRetriesOnALiveConnection(t *testing.T) {
 	// every connection of the pool used just now (no ping on the next
 	// draw), then ended by the server
 	killAll := func() {
-		cs := make([]*pgxpool.Conn, conns)
-		for i := range cs {
-			c, err := pool.Acquire(ctx)
-			require.NoError(t, err)
-			cs[i] = c
-		}
-		for _, c := range cs {
-			c.Release()
-		}
+		pgtest.IdleConns(ctx, t, pool, conns)
 		n := queryOne[int](t, observer, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app)
 		require.Equal(t, conns, n)
 		require.Eventually(t, func() bool {

@@ -215,3 +215,21 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b) // never fails (crypto/rand, Go 1.24+)
 	return hex.EncodeToString(b)
 }
+
+// IdleConns leaves n connections idle in pool, all just used (pgxpool
+// pings only connections idle for over a second before handing them out):
+// it acquires n at once, then releases them.
+func IdleConns(ctx context.Context, t testing.TB, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	conns := make([]*pgxpool.Conn, n)
+	for i := range conns {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatalf("pgtest: acquire connection %d of %d: %v", i+1, n, err)
+		}
+		conns[i] = c
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+}
