@@ -28,10 +28,7 @@ import (
 // (the pool waits for it, not the caller: pooltx.Conn.ReleaseAsync), and
 // is destroyed if it failed. Every session-level advisory lock is gone when
 // the call returns all the same: the unlock's message drops them all
-// (pg_advisory_unlock_all) where fn sent something (a statement fn
-// prepared under the name of pooltx's probe runs in the reset, after the
-// call has returned, and what it does happens then: see pooltx's package
-// documentation). An
+// (pg_advisory_unlock_all) where fn sent something. An
 // fn that sent nothing on conn changed nothing, and the unlock runs alone
 // (pooltx.Conn.Reclaim). A
 // transaction fn begins must end before fn returns (a COMMIT or ROLLBACK of

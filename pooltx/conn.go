@@ -217,45 +217,26 @@ func (c *Conn) Release() (destroyed bool) {
 // pool of one connection hands it to its next borrower then; until then
 // pgxpool counts it as acquired). Any other release happens before
 // ReleaseAsync returns. done, when not nil, is called with Release's result
-// once the connection is back in the pool or destroyed (with true when the
-// release panicked), in the goroutine that released it. A handler that panics during a release in the
-// background (the connection's OnNotice or OnNotification, called as the
-// reset's answers are read) cannot reach the caller, who has returned: the connection is destroyed
-// and the panic is dropped. A pool that traces releases
-// (pgxpool.ReleaseTracer) is released before ReleaseAsync returns, as
-// Release releases: pgxpool calls that tracer once it has let go of the
-// connection and before it has given its slot back, so a panic there
-// loses the slot whoever recovers it; it reaches the caller, as with
-// pgxpool's own Release. ReleaseAsync is idempotent, as Release is (done
-// is called by the first call only).
+// once the connection is back in the pool or destroyed, in the goroutine
+// that released it. A hook of the pool's that panics during a release in
+// the background (an OnNotice or OnNotification handler, pgxpool's release
+// tracer) cannot reach the caller, who has returned: the connection is
+// destroyed (closed, where pgxpool had already let it go) and the panic is
+// dropped. ReleaseAsync is idempotent, as Release is (done is called by the
+// first call only).
 func (c *Conn) ReleaseAsync(done func(destroyed bool)) {
 	if c.pc == nil {
 		return
 	}
-	if !c.needsRoundTrip() || c.releaseTraced() {
-		destroyed := true
+	if !c.needsRoundTrip() {
+		d := c.Release()
 		if done != nil {
-			defer func() { done(destroyed) }() // a panicking release tracer too
+			done(d)
 		}
-		destroyed = c.Release()
 		return
 	}
 	inflight.Start()
 	go c.releaseInBackground(done)
-}
-
-// releaseTraced reports whether c's pool traces releases
-// (pgxpool.ReleaseTracer on the connection's tracer), looked up once per
-// connection.
-func (c *Conn) releaseTraced() bool {
-	st := c.state()
-	if st.hooks == 0 {
-		st.hooks = 1
-		if _, ok := c.conn.Config().Tracer.(pgxpool.ReleaseTracer); ok {
-			st.hooks = 2
-		}
-	}
-	return st.hooks == 2
 }
 
 // needsRoundTrip reports whether Release would read from or write to c
@@ -278,13 +259,13 @@ func (c *Conn) releaseInBackground(done func(destroyed bool)) {
 	defer inflight.Done()
 	defer func() {
 		if r := recover(); r != nil {
-			// A notice or notification handler (the pool's release
-			// tracer never runs here: see ReleaseAsync).
 			c.MarkDirty(fmt.Errorf("pooltx: a hook panicked during a release: %v", r))
 			if c.pc != nil {
-				c.Release() // destroys it: no statement runs, no hook is called
+				c.Release() // destroys it; no hook runs on that path
 			} else {
-				_ = c.conn.PgConn().Conn().Close() // ends the session at least
+				// pgxpool's Release panicked after it had let the
+				// connection go: end the session at least.
+				_ = c.conn.PgConn().Conn().Close()
 			}
 		}
 		if done != nil {

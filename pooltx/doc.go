@@ -82,15 +82,10 @@
 //     connection is destroyed, so the next borrower's cached statements do
 //     not fail with 26000. The probe runs before the rest of the reset, so
 //     what a statement the work prepared under its name does (a lock, a
-//     role, a setting) the rest of the reset undoes (where the cleanup
-//     bound cuts the reset short, the connection is destroyed instead, and
-//     its session keeps what the statement took until the server notices);
-//     but such a statement stays prepared and runs at the start of every
-//     later reset, under the session state later work left (see below:
-//     lent code can plant statements that later borrowers run), and it
-//     runs in the reset of the very call that planted it, which comes
-//     after that call has returned: a lock it takes (the call's own key,
-//     say) is held again while the reset runs.
+//     role, a setting) the rest of the reset undoes; but such a statement
+//     stays prepared and runs at the start of every later reset, under
+//     the session state later work left (see below: lent code can plant
+//     statements that later borrowers run).
 //   - pgx's queue of notifications received for the work's LISTENs is
 //     emptied when the connection goes back (the reset's UNLISTEN * ends
 //     the registrations, not what had already arrived).

@@ -47,8 +47,7 @@ const (
 	// cache included: the reset then fails and the connection is
 	// destroyed. It runs first, before the whole reset: the lent code may
 	// have prepared another statement under its name, and whatever that
-	// does (a lock, a role, a setting) the reset after it undoes (or, where
-	// the cleanup bound cuts the reset short, the connection is destroyed).
+	// does (a lock, a role, a setting) the reset after it undoes.
 	probeName       = "pgxlock_reset"
 	sqlPrepareProbe = "PREPARE " + probeName + " AS SELECT 1"
 	sqlExecProbe    = "EXECUTE " + probeName
@@ -76,7 +75,6 @@ const stateKey = "pgxlock/pooltx"
 type connState struct {
 	base  *baseline
 	meter *meter
-	hooks int8 // 0 not looked at yet; 1 no release tracer; 2 the pool traces releases (see releaseTraced)
 }
 
 // state returns c's connState, made on first use.
@@ -416,9 +414,6 @@ func (c *Conn) resetBounded() {
 // ends only sql's message); a c marked dirty meanwhile is destroyed with
 // the reset's answers unread.
 func (c *Conn) ExecBoundedThenReset(sql string, row func(values [][]byte)) (n int, err error) {
-	if c.pending {
-		c.readPendingReset() // its answers must not be read as sql's
-	}
 	pg := c.conn.PgConn()
 	c.bound.Start(pg.Conn(), c.timeout)
 	defer c.EndBound()
@@ -443,9 +438,6 @@ func (c *Conn) ExecBoundedThenReset(sql string, row func(values [][]byte)) (n in
 // directly must not follow SendReset: they would read its answers as
 // their own. A failed write marks c dirty.
 func (c *Conn) SendReset() error {
-	if c.pending {
-		c.readPendingReset() // one reset's answers pending at a time
-	}
 	fe := c.conn.PgConn().Frontend()
 	c.query.String = c.resetSQL()
 	fe.Send(&c.query)
@@ -495,8 +487,8 @@ func (c *Conn) readPendingReset() {
 	}
 	pg := c.conn.PgConn()
 	c.bound.Start(pg.Conn(), c.timeout)
-	defer c.EndBound() // also when a notice or notification handler panics
 	n, err := readAnswers(pg, nil)
+	c.EndBound()
 	var pgErr *pgconn.PgError
 	if n == 0 && errors.As(err, &pgErr) && pgErr.Code == "25P02" && !c.conn.IsClosed() && pg.TxStatus() == 'E' {
 		return // refused whole inside an aborted transaction: nothing ran
