@@ -70,7 +70,6 @@ func TestXactLockBatchAnswerLostIsNeitherRetriedNorCalledNotCommitted(t *testing
 				return l.WithXactLockBatch(ctx, ks, nil, b)
 			}
 			require.NoError(t, run()) // warm: the statements are prepared, the connection open
-			pgtest.Settle()           // its reset, read after it returned, is not the answer to drop
 
 			proxy.DropNextAnswer()
 			err = run()

@@ -19,11 +19,7 @@ import (
 // every key of ks (sorted and de-duplicated, as for WithXactLockAll), all in
 // one round trip: BEGIN, the wait's lock_timeout, the lock statement(s), the
 // lock_timeout set back to the connection's default, b's statements in
-// order and COMMIT travel as one pipeline, and pooltx's reset of the
-// session follows it at once, a message of its own: the call returns when
-// the pipeline has answered, and the reset's answers are read after that,
-// before the connection goes back to the pool (pooltx.Conn.SendReset,
-// ReleaseAsync).
+// order, COMMIT, and pooltx's reset of the session travel as one pipeline.
 // It is the form of "lock the tenant, write a few rows, commit" that costs
 // what the same pipeline written by hand costs; WithXactLock costs two round
 // trips plus one per statement of its callback.
@@ -81,8 +77,7 @@ import (
 //
 // All or nothing: when a lock cannot be taken or any statement of b fails,
 // the server skips everything after it, COMMIT included, and the
-// transaction is rolled back (one more round trip, with the reset again: the
-// server refused the one sent behind the pipeline): nothing
+// transaction is rolled back (one more round trip, with the reset): nothing
 // of b is kept and every key is released. A nil error means committed.
 //
 // Readers run as the results arrive, when the whole pipeline, COMMIT
@@ -394,6 +389,7 @@ func (x *batchAttempt) run(b *pgx.Batch) error {
 		x.committed = true
 		return nil
 	})
+	c.QueueReset(p) // marks c clean once the reset's last statement has answered
 
 	// A reader that panics (or exits its goroutine) leaves the pipeline
 	// half read: the connection is destroyed and the panic goes on.
@@ -404,17 +400,7 @@ func (x *batchAttempt) run(b *pgx.Batch) error {
 		}
 	}()
 	open := !pg.IsClosed()
-	br := c.Conn().SendBatch(w.ctx, p)
-	// The reset goes out behind the pipeline, a message of its own: the
-	// server answers the pipeline (its Sync flushes the answers) before it
-	// runs the reset, so the call returns without waiting for it, and the
-	// release reads its answers, off the caller's path
-	// (pooltx.Conn.SendReset, ReleaseAsync). Where the pipeline failed and
-	// left its transaction aborted, the server refuses the reset whole,
-	// and the rollback below reads that refusal first and then resets.
-	// A write that fails marks c dirty (pgx has closed it).
-	_ = c.SendReset()
-	err := sentcheck.Check(br.Close(), open, pg)
+	err := sentcheck.Check(c.Conn().SendBatch(w.ctx, p).Close(), open, pg)
 	x.txAfter = pg.TxStatus()
 	panicked = false
 	w.stop()

@@ -104,18 +104,14 @@
 // borrower. Every callback call here pins one connection from acquire to
 // unlock, and every held lock lives on a connection the Locker keeps out of
 // the pool until nothing is held on it (see Held locks share connections).
-// The unlock goes out in one write with pooltx's reset (see pooltx's
-// package documentation for the exact statements), a message of its own
-// that the server runs once it has answered the unlock: the call returns
-// then, and the connection goes back to the pool only once the reset has
-// answered as well (the pool waits, not the caller), so nothing the callback
+// The unlock shares its round trip with pooltx's reset (see pooltx's
+// package documentation for the exact statements), so nothing the callback
 // did on the pinned connection survives into the pool: not a lock it took
 // again (locks stack: two locks need two unlocks), not a setting, not a
 // role or session authorization it switched to, not a temporary table, a
 // LISTEN or a cursor; a transaction-scope call, and a batch, reset in
-// COMMIT's write the same way (the caller's ctx governs COMMIT; the reset's
-// answers are read under CleanupTimeout after the call has returned; a
-// batch's reset is written right behind its pipeline). Handles and Hold, whose connections
+// COMMIT's round trip the same way (that round trip is COMMIT's: the
+// caller's ctx governs it, not CleanupTimeout). Handles and Hold, whose connections
 // run only this package's statements, unlock their own keys without a
 // reset, and so does a callback that sent nothing on its connection (on
 // Linux over TCP the kernel's counts for the socket tell: see pooltx's

@@ -49,9 +49,8 @@ type Config struct {
 	// CleanupTimeout bounds each cleanup step (unlock, rollback, closing a
 	// destroyed connection), which runs on a context the caller cannot
 	// cancel. Zero means pooltx.DefaultCleanupTimeout. A transaction-scope
-	// call's COMMIT is not cleanup: the call's ctx governs it; the reset
-	// sent behind it is, and its answers are read under this bound after
-	// the call has returned.
+	// call's COMMIT, and the reset sent in its round trip, are not cleanup:
+	// the call's ctx governs them.
 	CleanupTimeout time.Duration
 
 	// MaxKeys caps the distinct keys of one call; a call over it fails
@@ -212,8 +211,6 @@ type Locker struct {
 	holders holders // shared holder connections (see holderConn)
 
 	proxyState atomic.Int32 // 0 unchecked, 1 direct, 2 proxied (checkProxy)
-
-	unpinned func(destroyed bool) // gives a released connection's slot back (unpin); made once, not per call
 }
 
 // New returns a Locker over pool. It returns ErrInvalid for a nil pool or a
@@ -248,7 +245,6 @@ func New(pool *pgxpool.Pool, cfg Config) (*Locker, error) {
 	if cfg.MaxConns > 0 {
 		l.conns = make(connCap, cfg.MaxConns)
 	}
-	l.unpinned = func(bool) { l.conns.release() }
 	return l, nil
 }
 
@@ -597,9 +593,8 @@ func (l *Locker) unpin(c *pooltx.Conn) {
 	if c == nil {
 		return
 	}
-	// A reset still to run (or to be read) runs off the caller's path; the
-	// connection's slot (Config.MaxConns) is given back once it is done.
-	c.ReleaseAsync(l.unpinned)
+	c.Release()
+	l.conns.release()
 }
 
 func keyStrings(ks []keys.Key) []string {

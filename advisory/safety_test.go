@@ -175,14 +175,12 @@ func TestXactCallbackSeesOriginalLockTimeout(t *testing.T) {
 		assert.Equal(t, "7s", v, "the wait's lock_timeout is restored before the callback")
 		return nil
 	}))
-	pgtest.Settle() // one connection for both calls: the first's is back before the second
 	require.NoError(t, l.WithXactLock(ctx, key(t), nil, func(ctx context.Context, tx pgx.Tx) error {
 		var v string
 		require.NoError(t, tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&v))
 		assert.Equal(t, "7s", v)
 		return nil
 	}))
-	pgtest.Settle() // the resets after the callbacks' statements run after the calls return
 	assert.Equal(t, []string{"7s"}, showLockTimeouts(ctx, t, pool))
 }
 

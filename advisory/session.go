@@ -22,13 +22,7 @@ import (
 // it or keep it after returning. Any session-level advisory lock fn leaves
 // on conn is released with the lock, and whatever fn changed in the
 // session (settings, role, session authorization, temporary tables, LISTEN,
-// cursors) is reset (see pooltx.Conn.Reset): the reset goes out in the
-// unlock's write, and the call returns once the unlock has answered; the
-// connection goes back to the pool only once the reset has answered too
-// (the pool waits for it, not the caller: pooltx.Conn.ReleaseAsync), and
-// is destroyed if it failed. Every session-level advisory lock is gone when
-// the call returns all the same: the unlock's message drops them all
-// (pg_advisory_unlock_all) where fn sent something. An
+// cursors) is reset in the unlock's round trip (see pooltx.Conn.Reset); an
 // fn that sent nothing on conn changed nothing, and the unlock runs alone
 // (pooltx.Conn.Reclaim). A
 // transaction fn begins must end before fn returns (a COMMIT or ROLLBACK of
@@ -589,8 +583,7 @@ func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 
 // unlockSession releases the keys of r on c (in r's mode), in reverse order, under a
 // fresh bounded context. On a connection that was lent to a callback
-// (pooltx.Conn.Lend), pooltx's reset follows in the same write, read at the
-// release (pooltx.Conn.ExecBoundedThenReset, SendReset: any
+// (pooltx.Conn.Lend), pooltx's reset follows in the same round trip (any
 // other session-level advisory lock dropped, identity, settings and session
 // state restored); on one that ran only this package's statements (a
 // handle, Hold, a lock given back at once, a callback's connection the
@@ -624,29 +617,23 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, r *request) 
 			c.MarkClean()
 		}
 	case len(s.all) == 1:
-		// One key: the unlock and, in the same write, the reset as a
-		// message of its own, sent with pgconn (under pooltx's cleanup
-		// bound: no context to watch); the call returns once the unlock
-		// has answered, and the release reads the reset's answers, off the
-		// caller's path (pooltx.Conn.ExecBoundedThenReset, ReleaseAsync).
+		// One key: one simple-protocol string, "unlock; reset", sent with
+		// pgconn (under pooltx's cleanup bound: no context to watch).
 		var held bool
-		held, err = execUnlockThenReset(c, s.unlockSQL(shared))
-		if err == nil && !held {
-			falses = 1
+		held, err = execUnlockReset(c, s.unlockResetSQL(c, shared))
+		if err == nil {
+			c.MarkClean() // the whole string ran: the reset included
+			if !held {
+				falses = 1
+			}
 		}
 	default:
-		// The unlocks, and behind them the reset as a message of its own:
-		// the call returns once the unlocks have answered, and the release
-		// reads the reset's answers, off the caller's path
-		// (pooltx.Conn.SendReset, ReleaseAsync).
 		cctx := cleanupBound(ctx, c)
 		defer c.EndBound()
 		b := &pgx.Batch{}
 		s.queue(b, kindUnlock, shared, 0, boolResults(&falses))
-		b.Queue(sqlUnlockAll) // a lock fn took itself is gone when the call returns
-		br := c.Conn().SendBatch(cctx, b)
-		_ = c.SendReset() // a failed write marks c dirty
-		err = br.Close()
+		c.QueueReset(b)
+		err = c.Conn().SendBatch(cctx, b).Close()
 	}
 	op := opName(kindUnlock, shared)
 	if err != nil {
@@ -681,21 +668,20 @@ func cleanupBound(ctx context.Context, c *pooltx.Conn) context.Context {
 	return context.WithoutCancel(ctx)
 }
 
-// execUnlockThenReset runs the string of keySet.unlockSQL on c, with the
-// reset after it (pooltx.Conn.ExecBoundedThenReset), bounded by the
-// cleanup timeout, and reports the unlock's answer. Any error, or a string
-// that did not answer whole, is returned; the reset's outcome is the
-// release's (a reset that fails destroys the connection).
-func execUnlockThenReset(c *pooltx.Conn, sql string) (held bool, err error) {
+// execUnlockReset runs the string of keySet.unlockResetSQL on c, bounded
+// by the cleanup timeout, and reports the unlock's answer. Any error, or
+// fewer results than the unlock and the pooltx.Conn.ResetCount statements
+// of the reset, is returned.
+func execUnlockReset(c *pooltx.Conn, sql string) (held bool, err error) {
 	rows := 0
-	results, err := c.ExecBoundedThenReset(sql, func(v [][]byte) {
+	results, err := c.ExecBounded(sql, func(v [][]byte) {
 		if rows == 0 && len(v) == 1 && string(v[0]) == "t" {
 			held = true // the first row is the unlock's
 		}
 		rows++
 	})
-	if err == nil && (results != 2 || rows != 2) {
-		err = fmt.Errorf("advisory: the unlock answered %d results and %d rows of 2", results, rows)
+	if want := 1 + c.ResetCount(); err == nil && results != want {
+		err = fmt.Errorf("advisory: unlock and reset answered %d results of %d", results, want)
 	}
 	return held, err
 }

@@ -322,7 +322,6 @@ func TestBatchPreparationUnansweredKeepsCtxError(t *testing.T) {
 	defer cancel()
 	ks := []keys.Key{key(t)}
 	require.NoError(t, l.WithXactLockBatch(guard, ks, nil, selectOne())) // the connection, warm
-	pgtest.Settle()                                                      // its reset, read after it returned, is not what the cut hits
 	proxy.Cut()
 	ctx, cancel2 := context.WithTimeout(guard, 200*time.Millisecond) // a deadline: a lock_timeout statement to prepare
 	defer cancel2()

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgxlock/pgxlock/keys"
+	"github.com/pgxlock/pgxlock/pooltx"
 )
 
 // The SQL below is built once, at init, from the fixed PostgreSQL function
@@ -103,11 +104,6 @@ const (
 	// a session SET (pooltx resets every one it releases). It stores
 	// nothing: no placeholder setting outlives the call.
 	sqlRestoreTimeout = "SET LOCAL lock_timeout TO DEFAULT"
-	// sqlUnlockAll follows the unlock of a callback call whose callback
-	// sent something (its connection's reset runs after the call returns):
-	// a lock the callback took again on the call's key, or on any other,
-	// is gone when the call returns, as the call's own unlock is.
-	sqlUnlockAll = "SELECT pg_catalog.pg_advisory_unlock_all()"
 )
 
 // keySet is a validated, sorted, de-duplicated set of keys split by key
@@ -225,13 +221,12 @@ func (s *keySet) one(k kind, shared bool, timeout string) (string, []any) {
 	return st.one2, s.argv[:2]
 }
 
-// unlockSQL returns the simple-protocol string that unlocks the single key
-// of s in the given mode and then every other session-level advisory lock
-// (sqlUnlockAll), two results, for pooltx.Conn.ExecBoundedThenReset, which
-// sends the reset after it in the same write. The key is written as a
-// numeric literal (strconv, never input text), as pgx's own simple protocol
-// would render it.
-func (s *keySet) unlockSQL(shared bool) string {
+// unlockResetSQL returns the simple-protocol string that unlocks the single
+// key of s in the given mode and then resets the session of c
+// (pooltx.Conn.AppendReset): one round trip, 1+c.ResetCount()
+// results. The key is written as a numeric literal
+// (strconv, never input text), as pgx's own simple protocol would render it.
+func (s *keySet) unlockResetSQL(c *pooltx.Conn, shared bool) string {
 	var buf [256]byte
 	b := append(buf[:0], "SELECT "...)
 	b = append(b, funcNames[kindUnlock]...)
@@ -248,7 +243,7 @@ func (s *keySet) unlockSQL(shared bool) string {
 		b = strconv.AppendInt(b, int64(y), 10)
 	}
 	b = append(b, "); "...)
-	b = append(b, sqlUnlockAll...)
+	b = c.AppendReset(b)
 	return string(b)
 }
 

@@ -25,14 +25,10 @@ import (
 // transaction is rolled back under a fresh context bounded by
 // Config.CleanupTimeout; a panic in fn destroys the connection and is
 // re-raised. After the call the pooled connection holds no advisory lock
-// and no setting fn changed, a session-level lock or SET included:
-// pooltx's reset follows COMMIT in the same write, a message of its own,
-// and the call returns once COMMIT has answered; the connection goes back
-// to the pool once the reset has answered too, under
-// Config.CleanupTimeout (the pool waits for it, not the caller:
-// pooltx.TxOptions.ThenRelease), and is destroyed if it failed. A ROLLBACK
-// carries the reset in its own round trip. COMMIT or ROLLBACK runs alone
-// when fn sent nothing on the connection (pooltx.Conn.Reclaim).
+// and no setting fn changed, a session-level lock or SET included: COMMIT
+// or ROLLBACK shares its round trip with pooltx's reset (COMMIT or
+// ROLLBACK runs alone when fn sent nothing on the connection:
+// pooltx.Conn.Reclaim).
 //
 // fn may commit or roll back the transaction itself: that is accepted, its
 // outcome stands, and the lock ends with it (whatever fn runs afterwards
@@ -241,10 +237,7 @@ func (x *xactAttempt) run(fn func(ctx context.Context, tx pgx.Tx) error) error {
 	txOpts := x.txOpts
 	// The preamble is the lock (transaction-level, with a SET LOCAL bound):
 	// nothing of it outlives the transaction.
-	// The connection is released right after (withXact): the reset that
-	// follows a busy fn's COMMIT is read by the release, off the caller's
-	// path (ThenRelease).
-	*txOpts = pooltx.TxOptions{Tx: x.tx, PreambleContext: w.ctx, Preamble: x.preamble, PreambleChangesNoState: true, ThenRelease: true}
+	*txOpts = pooltx.TxOptions{Tx: x.tx, PreambleContext: w.ctx, Preamble: x.preamble, PreambleChangesNoState: true}
 
 	returned := false
 	defer func() {

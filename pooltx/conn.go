@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgxlock/pgxlock/internal/cutoff"
-	"github.com/pgxlock/pgxlock/internal/inflight"
 )
 
 // DefaultCleanupTimeout bounds every cleanup step (rollback, unlock, reset,
@@ -70,7 +69,6 @@ type Conn struct {
 	wasLent bool    // lent at any time during the pin: queued notifications are dropped at release...
 	quiet   bool    // ...unless the last Reclaim found c quiet (nothing received: nothing queued)
 	txClean bool    // c.clean when Tx began: what a COMMIT or ROLLBACK without the reset leaves
-	pending bool    // the reset went out after the caller's last statement, its answers not read yet (see ExecBoundedThenReset)
 	marked  bool    // mark holds the socket's counts at the Lend that began the lending (Reclaim)
 	mark    traffic // see meter
 
@@ -172,18 +170,13 @@ func (c *Conn) Dirty() error { return c.dirty }
 // has already been done or the caller vouched for it ([Conn.MarkClean]),
 // and goes back to the pool; any other, and one whose reset fails, is
 // hijacked out of the pool and closed, so the server ends its session and
-// every lock it held. A reset sent earlier whose answers are still to come
-// ([Conn.ExecBoundedThenReset], [Conn.SendReset]) is read first, under the
-// cleanup timeout, and stands for the reset. Release is idempotent and
-// reports whether the connection was destroyed.
+// every lock it held. Release is idempotent and reports whether the
+// connection was destroyed.
 func (c *Conn) Release() (destroyed bool) {
 	if c.pc == nil {
 		return false
 	}
 	pg := c.conn.PgConn()
-	if c.pending {
-		c.readPendingReset()
-	}
 	if c.dirty == nil && !c.clean && !c.conn.IsClosed() && !pg.IsBusy() && pg.TxStatus() == 'I' {
 		c.resetBounded()
 	}
@@ -206,73 +199,6 @@ func (c *Conn) Release() (destroyed bool) {
 	raw := pc.Hijack()
 	closeNow(raw, c.timeout)
 	return true
-}
-
-// ReleaseAsync is [Conn.Release] for a caller that need not wait for the
-// round trip a release may take: where the reset has still to run, or its
-// answers to be read ([Conn.ExecBoundedThenReset]), that happens in a
-// goroutine of its own after ReleaseAsync has returned, under the cleanup
-// bound, and the connection goes back to the pool, or is destroyed, only
-// once the answers have come: the pool waits for it, not the caller (a
-// pool of one connection hands it to its next borrower then; until then
-// pgxpool counts it as acquired). Any other release happens before
-// ReleaseAsync returns. done, when not nil, is called with Release's result
-// once the connection is back in the pool or destroyed, in the goroutine
-// that released it. A hook of the pool's that panics during a release in
-// the background (an OnNotice or OnNotification handler, pgxpool's release
-// tracer) cannot reach the caller, who has returned: the connection is
-// destroyed (closed, where pgxpool had already let it go) and the panic is
-// dropped. ReleaseAsync is idempotent, as Release is (done is called by the
-// first call only).
-func (c *Conn) ReleaseAsync(done func(destroyed bool)) {
-	if c.pc == nil {
-		return
-	}
-	if !c.needsRoundTrip() {
-		d := c.Release()
-		if done != nil {
-			done(d)
-		}
-		return
-	}
-	inflight.Start()
-	go c.releaseInBackground(done)
-}
-
-// needsRoundTrip reports whether Release would read from or write to c
-// before handing it back: the reset's answers pending, or the reset still
-// to run.
-func (c *Conn) needsRoundTrip() bool {
-	if c.dirty != nil || c.conn.IsClosed() {
-		return false // destroyed: no statement runs
-	}
-	if c.pending {
-		return true
-	}
-	pg := c.conn.PgConn()
-	return !c.clean && !pg.IsBusy() && pg.TxStatus() == 'I'
-}
-
-// releaseInBackground is ReleaseAsync's goroutine.
-func (c *Conn) releaseInBackground(done func(destroyed bool)) {
-	destroyed := true
-	defer inflight.Done()
-	defer func() {
-		if r := recover(); r != nil {
-			c.MarkDirty(fmt.Errorf("pooltx: a hook panicked during a release: %v", r))
-			if c.pc != nil {
-				c.Release() // destroys it; no hook runs on that path
-			} else {
-				// pgxpool's Release panicked after it had let the
-				// connection go: end the session at least.
-				_ = c.conn.PgConn().Conn().Close()
-			}
-		}
-		if done != nil {
-			done(destroyed)
-		}
-	}()
-	destroyed = c.Release()
 }
 
 // closeNow closes a connection that must not be reused so that its backend
@@ -332,9 +258,7 @@ func (c *Conn) Destroy(reason error) {
 // releases it by the rule in the package doc: whatever fn did, the
 // connection goes back to the pool as a fresh connection of the pool would
 // be, identity, settings and session state included, with no session-level
-// advisory lock (one round trip, see [Conn.Reset], run after WithConn has
-// returned: the pool waits for it, not the caller, see
-// [Conn.ReleaseAsync]), or it is destroyed;
+// advisory lock (one round trip, see [Conn.Reset]), or it is destroyed;
 // when fn sent nothing on it ([Conn.Reclaim]), it goes back as it came,
 // with no round trip (a session the server ended while its last words were
 // still on the way aside: see the package doc). ctx governs acquiring
@@ -348,9 +272,7 @@ func WithConn(ctx context.Context, pool *pgxpool.Pool, opts *ConnOptions, fn fun
 	if err != nil {
 		return err
 	}
-	// The reset, where one runs, runs off the caller's path: the pool
-	// waits for it, not the caller (ReleaseAsync).
-	defer c.ReleaseAsync(nil)
+	defer c.Release()
 	if err := c.lend(true); err != nil {
 		// The first Lend's identity read failed (DeferIdentity): pooltx
 		// closed the connection, and fn does not run on it.

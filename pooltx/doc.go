@@ -90,19 +90,11 @@
 //     emptied when the connection goes back (the reset's UNLISTEN * ends
 //     the registrations, not what had already arrived).
 //
-// On the way out of [WithTx] the reset goes out in COMMIT's write, a Query
-// message of its own after COMMIT's, and in advisory's session helpers in
-// the unlock's ([Conn.ExecBoundedThenReset]; behind a pipeline,
-// [Conn.SendReset]): the server answers COMMIT (or the unlock) first, the
-// call returns then, and the reset's answers are read after it has
-// returned, before the connection goes back to the pool ([Conn.ReleaseAsync]:
-// the pool waits for them, not the caller; pgxpool counts the connection as
-// acquired until then, and a pool of one connection hands it to its next
-// borrower only then). So a helper costs its caller no more round trips
-// than the same work by hand, nor the reset's time on the server.
-// [WithConn] pays one round trip for it, also after it has returned (none
-// when its work sent nothing), [Conn.Release] one before it returns; a
-// ROLLBACK carries the reset in its own round trip. The first pin of each connection ([Acquire]; with
+// On the way out of [WithTx] the reset shares COMMIT's (or ROLLBACK's)
+// round trip, and in advisory's session helpers the unlock's, so a helper
+// costs no more round trips than the same work by hand; [WithConn] and
+// [Conn.Release] pay one round trip for it (WithConn none when its work
+// sent nothing). The first pin of each connection ([Acquire]; with
 // DeferIdentity, its first [Conn.Lend]) costs one round trip, once in the
 // connection's life (it records the identity, and prepares the probe
 // where that is used); a failure there destroys the connection, and the

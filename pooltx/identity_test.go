@@ -139,7 +139,6 @@ func TestResetToARevokedRoleDestroys(t *testing.T) {
 	_, err := admin.Exec(ctx, "REVOKE "+qb+" FROM "+ql)
 	require.NoError(t, err)
 	require.NoError(t, pooltx.WithConn(ctx, pool, nil, work), "the work's own outcome stands")
-	pgtest.Settle() // the reset runs after WithConn has returned
 	assert.EqualValues(t, 0, pool.Stat().TotalConns(), "the connection whose reset failed did not go back to the pool")
 	require.Eventually(t, func() bool { // its backend ends once it reads the close
 		var alive bool

@@ -191,9 +191,6 @@ func (c *Conn) Lend(ctx context.Context) *pgx.Conn {
 // lend is Lend; mark false leaves the count for Reclaim unnoted (Tx notes
 // it after its own BEGIN).
 func (c *Conn) lend(mark bool) error {
-	if c.pending {
-		c.readPendingReset() // nothing may be left to read by the lent code
-	}
 	if c.lent {
 		// Lent again, and not found quiet since: the counts of the Lend
 		// that began the lending stand (or, where Reclaim found something
@@ -343,9 +340,6 @@ func (c *Conn) resetSQL() string { return c.base().reset }
 // such settings in ConnConfig.RuntimeParams instead). What the reset does
 // not undo is listed in the package documentation.
 func (c *Conn) Reset(ctx context.Context) error {
-	if c.pending {
-		c.readPendingReset()
-	}
 	if n, err := execAll(ctx, c.conn.PgConn(), c.resetSQL()); err != nil || n != c.ResetCount() {
 		if err == nil {
 			err = errResetIncomplete
@@ -403,106 +397,6 @@ func (c *Conn) resetBounded() {
 	c.clean = true
 }
 
-// ExecBoundedThenReset is [Conn.ExecBounded] with the reset of
-// [Conn.Reset] written in the same write, as a Query message of its own
-// after sql's: the server answers sql (its ReadyForQuery flushes those
-// answers) before it runs the reset, and ExecBoundedThenReset returns once
-// sql's answers have been read. The reset's are read by [Conn.Release] (or,
-// off the caller's path, [Conn.ReleaseAsync]), which marks c clean when
-// the whole reset succeeded and destroys c otherwise; nothing else may run
-// on c in between. The reset runs whether or not sql succeeded (an error
-// ends only sql's message); a c marked dirty meanwhile is destroyed with
-// the reset's answers unread.
-func (c *Conn) ExecBoundedThenReset(sql string, row func(values [][]byte)) (n int, err error) {
-	pg := c.conn.PgConn()
-	c.bound.Start(pg.Conn(), c.timeout)
-	defer c.EndBound()
-	if err := c.sendThenReset(sql); err != nil {
-		return 0, err
-	}
-	return readAnswers(pg, row)
-}
-
-// SendReset writes the reset of [Conn.Reset] now, as a Query message of
-// its own, behind whatever the caller has sent on c and not yet read (a
-// batch whose results are still to be read, say): the server runs it
-// after those, and its answers come after theirs. They are read by
-// [Conn.Release] (or, off the caller's path, [Conn.ReleaseAsync]), which
-// marks c clean when the whole reset succeeded, outside any transaction,
-// and destroys c when it failed. Where the caller's statements left a
-// transaction aborted, the server refuses the whole reset (SQLSTATE
-// 25P02) and nothing of it ran: c is then neither clean nor dirty, and a
-// [Conn.Rollback] (which reads the pending answers first) ends the
-// transaction and resets. The same holds for any method of c that sends:
-// it reads the pending answers first. Statements run through [Conn.Conn]
-// directly must not follow SendReset: they would read its answers as
-// their own. A failed write marks c dirty.
-func (c *Conn) SendReset() error {
-	fe := c.conn.PgConn().Frontend()
-	c.query.String = c.resetSQL()
-	fe.Send(&c.query)
-	c.query.String = ""
-	c.pending = true
-	if err := fe.Flush(); err != nil {
-		c.MarkDirty(&CleanupError{Step: "reset", Err: err})
-		return err
-	}
-	return nil
-}
-
-// sendThenReset writes sql and then the reset, each its own Query message,
-// in one write, and records the reset's answers as pending. A failed write
-// marks c dirty: what reached the server is unknown.
-func (c *Conn) sendThenReset(sql string) error {
-	fe := c.conn.PgConn().Frontend()
-	c.query.String = sql
-	fe.Send(&c.query) // encoded now: c.query can take the next message
-	c.query.String = c.resetSQL()
-	fe.Send(&c.query)
-	c.query.String = ""
-	c.pending = true
-	if err := fe.Flush(); err != nil {
-		c.MarkDirty(&CleanupError{Step: "reset", Err: err})
-		return err
-	}
-	return nil
-}
-
-// readPendingReset reads the answers of a reset sent by sendThenReset or
-// SendReset, under the cleanup bound, and marks c clean when it all
-// succeeded and left no transaction open. A reset the server refused whole
-// because a transaction was aborted (25P02, nothing of it ran, the
-// transaction still aborted) leaves c as it was, for a rollback with the
-// reset (Conn.Rollback; Release destroys c otherwise). Any other failure,
-// or a c marked dirty or closed since (its answers are then left unread),
-// leaves c dirty, to be destroyed.
-func (c *Conn) readPendingReset() {
-	c.pending = false
-	if c.dirty != nil {
-		return
-	}
-	if c.conn.IsClosed() {
-		c.MarkDirty(&CleanupError{Step: "reset", Err: errors.New("connection closed before the reset answered")})
-		return
-	}
-	pg := c.conn.PgConn()
-	c.bound.Start(pg.Conn(), c.timeout)
-	n, err := readAnswers(pg, nil)
-	c.EndBound()
-	var pgErr *pgconn.PgError
-	if n == 0 && errors.As(err, &pgErr) && pgErr.Code == "25P02" && !c.conn.IsClosed() && pg.TxStatus() == 'E' {
-		return // refused whole inside an aborted transaction: nothing ran
-	}
-	if err == nil && n != c.ResetCount() {
-		err = errResetIncomplete
-	}
-	if err != nil {
-		c.MarkDirty(&CleanupError{Step: "reset", Err: err})
-		return
-	}
-	c.clean = pg.TxStatus() == 'I'
-}
-
 // ExecBounded runs sql, one simple-protocol string of the caller's own
 // statements (ending, say, with the reset: [Conn.AppendReset]), bounded by
 // the cleanup timeout ([Conn.BoundCleanup]; no context is watched),
@@ -516,9 +410,6 @@ func (c *Conn) ExecBounded(sql string, row func(values [][]byte)) (n int, err er
 
 // execWithin is ExecBounded bounded by d rather than the cleanup timeout.
 func (c *Conn) execWithin(d time.Duration, sql string, row func(values [][]byte)) (n int, err error) {
-	if c.pending {
-		c.readPendingReset() // its answers must not be read as sql's
-	}
 	pg := c.conn.PgConn()
 	c.bound.Start(pg.Conn(), d)
 	defer c.EndBound()

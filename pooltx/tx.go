@@ -45,27 +45,14 @@ type TxOptions struct {
 	// CleanupTimeout bounds ROLLBACK and closing a destroyed connection.
 	// Zero means DefaultCleanupTimeout.
 	CleanupTimeout time.Duration
-
-	// ThenRelease, for [Conn.Tx], vouches that the connection is released
-	// ([Conn.Release] or [Conn.ReleaseAsync]) right after Tx returns, with
-	// nothing run on it in between. The reset that follows COMMIT (in the
-	// same write, as a message of its own) is then read by the release
-	// rather than before Tx returns: the call returns as soon as COMMIT has
-	// answered. Without it, Tx reads the reset's answers itself. [WithTx]
-	// sets it.
-	ThenRelease bool
 }
 
 // WithTx pins one connection of pool, begins a transaction together with
 // opts.Preamble in one round trip, runs fn, and commits when fn returns nil.
 // The COMMIT and the reset of the session ([Conn.Reset]: identity,
 // settings and session state restored, session-level advisory locks
-// dropped) go out in one write, so a session lock, a SET ROLE or a SET that
-// fn left behind never reaches the pool: WithTx returns once COMMIT has
-// answered, and the reset's answers are read after that, under the cleanup
-// timeout, before the connection goes back to the pool (or is destroyed,
-// where the reset failed): the pool waits for the reset, not the caller
-// ([TxOptions.ThenRelease], [Conn.ReleaseAsync]). When fn sent nothing on the
+// dropped) share one round trip, so a session lock, a SET ROLE or a SET that
+// fn left behind never reaches the pool. When fn sent nothing on the
 // connection ([Conn.Reclaim]) and there is no preamble, or one the caller
 // vouches for (PreambleChangesNoState), COMMIT (or ROLLBACK) runs alone.
 //
@@ -99,16 +86,9 @@ func WithTx(ctx context.Context, pool *pgxpool.Pool, opts *TxOptions, fn func(ct
 	if err != nil {
 		return err
 	}
-	// The reset, where one runs, is read off the caller's path: the pool
-	// waits for it, not the caller (Conn.ReleaseAsync).
-	defer c.ReleaseAsync(nil)
+	defer c.Release()
 	c.MarkClean() // as the pool gave it out: nothing has run on it
-	var o TxOptions
-	if opts != nil {
-		o = *opts
-	}
-	o.ThenRelease = true
-	return c.Tx(ctx, &o, fn)
+	return c.Tx(ctx, opts, fn)
 }
 
 // WithTxValue is [WithTx] for a callback that returns a value.
@@ -131,9 +111,6 @@ func WithTxValue[T any](ctx context.Context, pool *pgxpool.Pool, opts *TxOptions
 func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	if opts == nil {
 		opts = &TxOptions{}
-	}
-	if c.pending {
-		c.readPendingReset() // a reset sent after an earlier transaction's COMMIT
 	}
 	// BEGIN and a preamble that changes no session state are c's own:
 	// until fn runs, c counts as not lent (a failure rolls back without
@@ -182,11 +159,7 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 	if fnErr != nil {
 		return joinCleanup(fnErr, c.rollback(ctx))
 	}
-	err := c.commit(ctx)
-	if c.pending && !opts.ThenRelease {
-		c.readPendingReset() // c stays the caller's: nothing may be left to read
-	}
-	return err
+	return c.commit(ctx)
 }
 
 // commit ends the transaction fn returned nil in, with the reset of the
@@ -213,19 +186,22 @@ func (c *Conn) commit(ctx context.Context) error {
 		return joinCleanup(fmt.Errorf("%w: the context ended before COMMIT: %w", ErrNotCommitted, err), c.rollback(ctx))
 	}
 	failed := pg.TxStatus() == 'E' // COMMIT will answer ROLLBACK
-	// One simple-protocol write: COMMIT, then (where fn sent something:
-	// see Reclaim) the reset as a Query message of its own, whose answers
-	// Release reads (ExecBoundedThenReset): the call returns once COMMIT
-	// has answered. The answers are read message by message (readAnswers):
-	// no allocation per statement.
+	// One simple-protocol round trip: COMMIT, then the statements of the
+	// reset (none when fn sent nothing: see Reclaim). The server stops at
+	// the first error. The answers are read message by message
+	// (readAnswers): no allocation per statement.
+	want := 1
+	if c.lent {
+		want += c.ResetCount()
+	}
 	results, commitErr, err := c.execCommit(ctx, failed)
 	if commitErr == nil || errors.Is(commitErr, pgx.ErrTxCommitRollback) {
-		// COMMIT answered.
+		// COMMIT answered. The reset ran after it unless err says otherwise.
 		switch {
-		case err != nil || results < 1:
-			c.MarkDirty(&CleanupError{Step: "commit", Err: errors.Join(err, errResetIncomplete)})
+		case err != nil || results < want:
+			c.MarkDirty(&CleanupError{Step: "reset", Err: errors.Join(err, errResetIncomplete)})
 		case c.lent:
-			// The reset follows COMMIT: Release reads its answers.
+			c.clean = true // the reset ran
 		default:
 			c.clean = c.txClean
 		}
@@ -236,12 +212,15 @@ func (c *Conn) commit(ctx context.Context) error {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(commitErr, &pgErr) && pgErr.Severity == "ERROR" && !c.conn.IsClosed() && pg.TxStatus() == 'I' {
-		// The server refused the COMMIT and rolled back. The reset, where
-		// fn ran anything, is a message of its own: it runs all the same,
-		// and Release reads its answers.
+		// The server refused the COMMIT and rolled back; the statements
+		// after it were skipped. Reset on their own, where fn ran any.
 		if !c.lent {
 			c.clean = c.txClean
+			return fmt.Errorf("%w: %w", ErrNotCommitted, commitErr)
 		}
+		cctx, cancel := CleanupContext(ctx, c.timeout)
+		defer cancel()
+		_ = c.Reset(cctx)
 		return fmt.Errorf("%w: %w", ErrNotCommitted, commitErr)
 	}
 	// Sent (or, after a failed write, possibly sent), no answer: the outcome is unknown, and so is the session's.
@@ -249,26 +228,23 @@ func (c *Conn) commit(ctx context.Context) error {
 	return fmt.Errorf("%w: %w", ErrCommitUnknown, commitErr)
 }
 
-// execCommit sends COMMIT, followed in the same write by the reset where c
-// is lent (sendThenReset; COMMIT alone on a connection not lent: see
-// Reclaim), and reads COMMIT's answers under ctx. It returns how many
-// statements completed (1 or 0), COMMIT's own outcome (nil,
+// execCommit sends "COMMIT; <reset>" (COMMIT alone on a connection not
+// lent: see Reclaim) and reads the answers under ctx. It
+// returns how many statements completed, COMMIT's own outcome (nil,
 // pgx.ErrTxCommitRollback when the transaction had failed, the server's
 // error, or, when COMMIT got no answer, the connection's error) and the
-// first error read.
+// first error of the whole string.
 func (c *Conn) execCommit(ctx context.Context, failed bool) (results int, commitErr, err error) {
 	pg := c.conn.PgConn()
 	if c.lent {
-		if err = c.sendThenReset("COMMIT"); err != nil {
-			return 0, err, err // sent or not: unknown
-		}
+		c.query.String = "COMMIT; " + c.resetSQL()
 	} else {
 		c.query.String = "COMMIT"
-		fe := pg.Frontend()
-		fe.Send(&c.query)
-		if err = fe.Flush(); err != nil {
-			return 0, err, err // sent or not: unknown
-		}
+	}
+	fe := pg.Frontend()
+	fe.Send(&c.query)
+	if err = fe.Flush(); err != nil {
+		return 0, err, err // sent or not: unknown
 	}
 	// ctx ends the wait by a deadline on the socket: one watcher for the
 	// whole answer, where pgconn's would be armed message by message. An
@@ -307,9 +283,6 @@ func (c *Conn) execCommit(ctx context.Context, failed bool) (results int, commit
 // already closed is marked dirty and nil is returned (its session is
 // over).
 func (c *Conn) rollback(ctx context.Context) error {
-	if c.pending {
-		c.readPendingReset() // its answers must not be read as the rollback's
-	}
 	if c.conn.IsClosed() {
 		c.MarkDirty(errors.New("pooltx: connection closed"))
 		return nil

@@ -10,8 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pgxlock/pgxlock/internal/inflight"
 )
 
 // appNamePrefix starts the application_name of every pool made here.
@@ -99,7 +97,6 @@ func Pool(t testing.TB) *pgxpool.Pool {
 // checkNoLocksLeft is NewPool's end-of-test check.
 func checkNoLocksLeft(t testing.TB, pool *pgxpool.Pool, app string) {
 	t.Helper()
-	Settle()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	conn, err := checkerConn(ctx, pool)
@@ -154,7 +151,6 @@ func AssertNoAdvisoryLocks(t testing.TB, pool *pgxpool.Pool) {
 		t.Errorf("pgtest: the pool has no application_name; create it with pgtest.NewPool or pgtest.Config")
 		return
 	}
-	Settle() // what a release in the background still has to drop
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	conn, err := checkerConn(ctx, pool)
@@ -220,19 +216,11 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// Settle returns once every connection release running in the background
-// (pooltx.Conn.ReleaseAsync: a reset read off the caller's path) has
-// ended, its connection back in its pool or destroyed: the event to await
-// before looking at a pool's counts or at what its sessions hold right
-// after a call returned.
-func Settle() { inflight.Wait() }
-
 // IdleConns leaves n connections idle in pool, all just used (pgxpool
 // pings only connections idle for over a second before handing them out):
 // it acquires n at once, then releases them.
 func IdleConns(ctx context.Context, t testing.TB, pool *pgxpool.Pool, n int) {
 	t.Helper()
-	Settle() // a connection still being released counts as acquired
 	conns := make([]*pgxpool.Conn, n)
 	for i := range conns {
 		c, err := pool.Acquire(ctx)
