@@ -120,14 +120,34 @@ const (
 // The error is the first statement's error or a result handler's. A
 // connection that could not be acquired means nothing was sent (see
 // outcomeUnknown).
+//
+// A pooled connection whose session the server ended while it sat idle in
+// the pool (idle_session_timeout, pg_terminate_backend, a restart) answers
+// the batch with the FATAL error it sent before closing, ahead of BEGIN's
+// answer: nothing of the batch ran (the server answers in order), so exec
+// runs it once more, on a connection it has just pinged (withLivePin).
+// pgxpool pings only connections idle for over a second, so without this an
+// idle_session_timeout under a second failed calls that had only drawn a
+// dead connection.
 func exec(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration, w wait, queue func(b *pgx.Batch)) error {
+	diedIdle, err := execOnce(ctx, pool, cleanup, w, queue)
+	if diedIdle && ctx.Err() == nil {
+		_, err = execOnce(withLivePin(ctx), pool, cleanup, w, queue)
+	}
+	return err
+}
+
+// execOnce is one try of exec; diedIdle reports a connection whose session
+// had ended before the batch reached it (see exec).
+func execOnce(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration, w wait, queue func(b *pgx.Batch)) (diedIdle bool, err error) {
 	c, err := acquire(ctx, pool, cleanup)
 	if err != nil {
-		return errNothingSent{err}
+		return false, errNothingSent{err}
 	}
 	defer c.Release()
 	b := &pgx.Batch{}
-	b.Queue(beginSQL)
+	begun := false
+	b.Queue(beginSQL).Exec(func(pgconn.CommandTag) error { begun = true; return nil })
 	if needsUTF8(c.Conn().PgConn()) {
 		b.Queue(utf8SQL) // before any statement with text: the server converts each Bind as it comes
 	}
@@ -142,14 +162,16 @@ func exec(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration, w wait
 	open := !pg.IsClosed()
 	err = sentcheck.Check(c.Conn().SendBatch(ctx, b).Close(), open, pg) // a failed read after the send is not "nothing sent"
 	if pg.IsClosed() {
-		return err // a closed connection is destroyed by Release
+		var pgErr *pgconn.PgError
+		// A closed connection is destroyed by Release.
+		return !begun && errors.As(err, &pgErr) && pgErr.Severity == "FATAL", err
 	}
 	if pg.TxStatus() == 'I' {
 		// Only our own statements ran, all inside the transaction that
 		// just ended, and the frame's settings were transaction-local:
 		// nothing to reset, so Release skips pooltx's reset round trip.
 		c.MarkClean()
-		return err
+		return false, err
 	}
 	// Aborted (or, after a handler error, still open): roll back here rather
 	// than make the pool destroy a healthy connection.
@@ -163,7 +185,7 @@ func exec(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration, w wait
 	if err == nil {
 		err = errors.New("lease: transaction left open")
 	}
-	return err
+	return false, err
 }
 
 // livePinKey marks a context whose exec must run on a connection it has

@@ -135,7 +135,10 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, ddl, check string, args ..
 		return err
 	}
 	return pooltx.WithTx(ctx, pool, &pooltx.TxOptions{
-		Tx: pgx.TxOptions{IsoLevel: pgx.ReadCommitted},
+		// READ WRITE: a session whose transactions default to read-only
+		// (default_transaction_read_only) must still migrate, as every
+		// lease statement's BEGIN says READ WRITE too.
+		Tx: pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite},
 		Preamble: func(b *pgx.Batch) {
 			b.Queue(utf8SQL) // names in the DDL are UTF-8, as pgx sends them (see utf8SQL)
 			b.Queue("SELECT pg_catalog.pg_advisory_xact_lock($1)", migrateLockKey)
