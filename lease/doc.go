@@ -215,8 +215,10 @@
 // SQL does: the DDL of Migrate (its tables go to
 // the first schema of the search_path when the config names none), which
 // names pg_catalog's functions and relations in its checks only;
-// [Manager.List] and [Manager.ListIntents] (one read-only query each); and
-// [Fence.Update], which runs in your transaction.
+// [Manager.List] and [Manager.ListIntents] (one read-only query each, whose
+// functions, casts and operators are all named in pg_catalog, so only their
+// tables resolve through the path); and [Fence.Update], which runs in your
+// transaction.
 //
 // A column lease stores when it was locked, not when it expires, so every
 // process leasing the same column must use the same TTL.

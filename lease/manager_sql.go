@@ -255,21 +255,21 @@ SELECT count(*) FROM swept, LATERAL pg_notify($1, pg_catalog.md5(pg_catalog.conv
 	// 294247 (timestamptz reaches 294276), travels as the largest or
 	// smallest int8.
 	listSQL = `
-SELECT resource, owner, mode, token, LEAST(GREATEST(pg_catalog.extract('epoch', acquired_at) OPERATOR(pg_catalog.*) 1000000, -9223372036854775808), 9223372036854775807)::pg_catalog.int8, LEAST(GREATEST(pg_catalog.extract('epoch', expires_at) OPERATOR(pg_catalog.*) 1000000, -9223372036854775808), 9223372036854775807)::pg_catalog.int8, metadata, expires_at <= pg_catalog.now()
+SELECT resource, owner, mode, token, LEAST(GREATEST(pg_catalog.extract('epoch', acquired_at) OPERATOR(pg_catalog.*) 1000000, -9223372036854775808), 9223372036854775807)::pg_catalog.int8, LEAST(GREATEST(pg_catalog.extract('epoch', expires_at) OPERATOR(pg_catalog.*) 1000000, -9223372036854775808), 9223372036854775807)::pg_catalog.int8, metadata, expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()
 FROM {holders}
-WHERE ($1::pg_catalog.text IS NULL OR resource = $1::pg_catalog.text)
-  AND ($2::pg_catalog.text IS NULL OR owner = $2::pg_catalog.text)
-  AND ($3::pg_catalog.bool OR expires_at > pg_catalog.now())
+WHERE ($1::pg_catalog.text IS NULL OR resource OPERATOR(pg_catalog.=) $1::pg_catalog.text)
+  AND ($2::pg_catalog.text IS NULL OR owner OPERATOR(pg_catalog.=) $2::pg_catalog.text)
+  AND ($3::pg_catalog.bool OR expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
 ORDER BY resource, token`
 
 	// Writer intents: one per resource at most. $1 resource filter, $2
 	// include intents past their lifetime (they block nobody).
 	intentsSQL = `
-SELECT resource, LEAST(GREATEST(pg_catalog.extract('epoch', writer_intent_until) OPERATOR(pg_catalog.*) 1000000, -9223372036854775808), 9223372036854775807)::pg_catalog.int8, writer_intent_until <= pg_catalog.now()
+SELECT resource, LEAST(GREATEST(pg_catalog.extract('epoch', writer_intent_until) OPERATOR(pg_catalog.*) 1000000, -9223372036854775808), 9223372036854775807)::pg_catalog.int8, writer_intent_until OPERATOR(pg_catalog.<=) pg_catalog.now()
 FROM {resources}
 WHERE writer_intent IS NOT NULL
-  AND ($1::pg_catalog.text IS NULL OR resource = $1::pg_catalog.text)
-  AND ($2::pg_catalog.bool OR writer_intent_until > pg_catalog.now())
+  AND ($1::pg_catalog.text IS NULL OR resource OPERATOR(pg_catalog.=) $1::pg_catalog.text)
+  AND ($2::pg_catalog.bool OR writer_intent_until OPERATOR(pg_catalog.>) pg_catalog.now())
 ORDER BY resource`
 
 	// Upgrade, after lockResource: $1 resource, $2 token, $3 lease_id, $4
