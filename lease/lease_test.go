@@ -31,6 +31,10 @@ func twoPools(t testing.TB) (p1, p2 *pgxpool.Pool, schema string) {
 	return p1, p2, pgtest.Schema(t, p1)
 }
 
+// allExecModes are pgx's five query exec modes, for tests that run in each.
+var allExecModes = []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+	pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol}
+
 // mustExec runs SQL that must succeed.
 func mustExec(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) {
 	t.Helper()

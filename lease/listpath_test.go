@@ -36,7 +36,7 @@ CREATE OPERATOR `+q+`.= (LEFTARG = text, RIGHTARG = text, FUNCTION = `+q+`.text_
 	clean, err := lease.NewManager(admin, lease.ManagerConfig{Schema: schema, TTL: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, clean.Migrate(ctx))
-	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+	for _, mode := range allExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
 			cfg := pgtest.Config(t)
 			cfg.ConnConfig.DefaultQueryExecMode = mode

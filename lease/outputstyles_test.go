@@ -34,8 +34,7 @@ func styledPool(t *testing.T, mode pgx.QueryExecMode) *pgxpool.Pool {
 // simple protocol modes, every acquisition failed reading back its own timestamps (after
 // its transaction had committed), and so did List.
 func TestOutputStylesDoNotBreakLeases(t *testing.T) {
-	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
-		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+	for _, mode := range allExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
 			ctx := testCtx(t)
 			plain, _, schema := twoPools(t)

@@ -226,8 +226,7 @@ func TestColumnMigrateRefusesNonTimestampLockedAt(t *testing.T) {
 // every pgx QueryExecMode, on a timestamptz(0) column with a uuid owner.
 func TestColumnLeaseEveryQueryExecMode(t *testing.T) {
 	ctx := testCtx(t)
-	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
-		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+	for _, mode := range allExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
 			cfg := pgtest.Config(t)
 			cfg.ConnConfig.DefaultQueryExecMode = mode

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -167,8 +166,7 @@ func TestUpgradeRenewReleaseEveryExecMode(t *testing.T) {
 	ctx := testCtx(t)
 	admin := pgtest.Pool(t)
 	schema := pgtest.Schema(t, admin)
-	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
-		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+	for _, mode := range allExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
 			cfg := pgtest.Config(t)
 			cfg.ConnConfig.DefaultQueryExecMode = mode
