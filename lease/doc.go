@@ -214,7 +214,8 @@
 // frame and resolve names through the session's search_path, as your own
 // SQL does: the DDL of Migrate (its tables go to
 // the first schema of the search_path when the config names none), which
-// names pg_catalog's functions and relations in its checks only;
+// names in pg_catalog the types of the columns it creates, its CHECK's
+// operator, and the functions and relations of its catalog checks;
 // [Manager.List] and [Manager.ListIntents] (one read-only query each, whose
 // functions, casts and operators are all named in pg_catalog, so only their
 // tables resolve through the path); and [Fence.Update], which runs in your

@@ -31,8 +31,8 @@ CREATE OPERATOR `+q+`.<= (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTIO
 CREATE OPERATOR `+q+`.> (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = `+q+`.ts_gt);
 CREATE OPERATOR `+q+`.= (LEFTARG = text, RIGHTARG = text, FUNCTION = `+q+`.text_eq)`)
 	schema := pgtest.Schema(t, admin)
-	// Migrated under a plain search_path: Migrate's DDL resolves names through the
-	// session's path, as documented (a look-alike = would end up in its CHECK).
+	// Migrated under a plain search_path (Migrate under the hostile one has its own
+	// test: TestMigrateIgnoresLookAlikesOnTheSearchPath).
 	clean, err := lease.NewManager(admin, lease.ManagerConfig{Schema: schema, TTL: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, clean.Migrate(ctx))

@@ -103,9 +103,12 @@ FROM d WHERE typtype OPERATOR(pg_catalog.<>) 'd'`
 // own migration files.
 func (c *Column) ColumnDDL() string { return c.migrateSQL }
 
+// Its types are named in pg_catalog: it runs under the session's
+// search_path, where a schema listed before pg_catalog could hold
+// look-alikes (bigint is a keyword, always pg_catalog.int8).
 const columnMigrateSQL = `ALTER TABLE {t}
-	ADD COLUMN IF NOT EXISTS {at} timestamptz,
-	ADD COLUMN IF NOT EXISTS {by} text,
+	ADD COLUMN IF NOT EXISTS {at} pg_catalog.timestamptz,
+	ADD COLUMN IF NOT EXISTS {by} pg_catalog.text,
 	ADD COLUMN IF NOT EXISTS {fence} bigint NOT NULL DEFAULT 0`
 
 // The catalog checks. to_regclass takes no lock and resolves a quoted,
