@@ -63,7 +63,8 @@
 // connection config (the pool's BeforeConnect and AfterConnect hooks do not
 // run for it, an OnNotification handler of that config is not called for
 // it, the Manager reading its notifications itself, and its Tracer does
-// not see it), held only while
+// not see it; an idle_session_timeout, PostgreSQL 14 and later, is turned
+// off on it, as it sits idle by design), held only while
 // someone waits and then closed: it never takes
 // a pooled connection, so a pool of one connection is enough, and a
 // connection that ran LISTEN never goes back to the pool. Attempts borrow a

@@ -154,7 +154,9 @@ func (m *Manager) pollDelay(hint time.Duration) time.Duration {
 // never a pooled one: so
 // waiting never takes a connection from the attempts and releases it serves
 // (a pool of one connection works), and no connection that has run LISTEN
-// ever goes back to the pool. It is closed when the last waiter leaves,
+// ever goes back to the pool. Before LISTEN it turns idle_session_timeout
+// off for its session (see listen), whatever the role, the database or the
+// config set. It is closed when the last waiter leaves,
 // bounded by the cleanup timeout.
 //
 // Wake-up policy for a notification about a resource: every Shared waiter of
@@ -304,9 +306,10 @@ func recoverHook(f func(context.Context, *pgconn.PgConn) error) func(context.Con
 	}
 }
 
-// listen holds a dedicated connection in LISTEN until ctx ends or the
-// connection fails, then closes it (bounded by the cleanup timeout): the
-// connection is not pooled, so closing it is all the clean-up there is.
+// listen holds a dedicated connection in LISTEN, with idle_session_timeout
+// off, until ctx ends or the connection fails, then closes it (bounded by
+// the cleanup timeout): the connection is not pooled, so closing it is all
+// the clean-up there is.
 func (l *listener) listen(ctx context.Context) (err error) {
 	// Every socket this connect dials, so that a panic part-way (a hook's
 	// of the pool's connection config: AfterNetConnect, BuildFrontend,
@@ -362,6 +365,22 @@ func (l *listener) listen(ctx context.Context) (err error) {
 		_ = conn.Close(cctx)
 		cancel()
 	}()
+	// The connection is idle by design between notifications: an
+	// idle_session_timeout of the role, the database or the config's
+	// runtime parameters (PostgreSQL 14 and later) would have the server
+	// end it every timeout (FATAL 57P05), waiters polling until it is back.
+	// It is turned off for this session by a statement, not a startup
+	// parameter: a server that does not know the setting (before 14) fails
+	// a connect that sends it, while its refusal of the statement
+	// (undefined_object, 42704) is ignored here. statement_timeout and
+	// idle_in_transaction_session_timeout need no such change: waiting for
+	// a notification is no statement and is outside any transaction.
+	if _, err := conn.Exec(ctx, "SET idle_session_timeout = 0"); err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42704" {
+			return err
+		}
+	}
 	if _, err := conn.Exec(ctx, "LISTEN "+quote(l.channel)); err != nil {
 		return err
 	}
