@@ -81,8 +81,9 @@ type Conn struct {
 	query pgproto3.Query // the reset's message (resetBounded), kept here: no allocation
 	bound cutoff.Bound   // the cleanup bound in progress (BoundCleanup)
 
-	deferIdentity bool       // ConnOptions.DeferIdentity
-	st            *connState // the connection's state, once looked up (state)
+	deferIdentity   bool       // ConnOptions.DeferIdentity
+	unknownIdentity bool       // first lent inside the caller's transaction: no identity recorded to return to (Release destroys c while lent)
+	st              *connState // the connection's state, once looked up (state)
 }
 
 // BoundCleanup bounds what runs on c from now until [Conn.EndBound] by the
@@ -177,6 +178,11 @@ func (c *Conn) Release() (destroyed bool) {
 		return false
 	}
 	pg := c.conn.PgConn()
+	if c.unknownIdentity && c.lent && c.dirty == nil {
+		// First lent inside the caller's transaction, and not found quiet
+		// since: no reset can tell which identity to return to.
+		c.MarkDirty(errUnknownIdentity)
+	}
 	if c.dirty == nil && !c.clean && !c.conn.IsClosed() && !pg.IsBusy() && pg.TxStatus() == 'I' {
 		c.resetBounded()
 	}

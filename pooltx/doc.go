@@ -41,7 +41,9 @@
 //     first pinned ([Acquire] reads session_user and
 //     current_setting('role') then, once in the connection's life; with
 //     [ConnOptions.DeferIdentity], as advisory and lease pin, the first
-//     [Conn.Lend] does, and a reset before it leaves identity as it is): a role
+//     [Conn.Lend] does, and a reset before it leaves identity as it is; a
+//     first Lend inside the caller's own transaction cannot, and the
+//     connection is destroyed instead, as [Conn.Lend] says): a role
 //     from the connection string's RuntimeParams, from ALTER ROLE ... SET
 //     role, or from a SET ROLE or SET SESSION AUTHORIZATION that pgxpool's
 //     AfterConnect ran, included. The reset names them: SET SESSION
@@ -216,6 +218,9 @@
 //   - the connection is closed, busy, or not idle in the transaction sense
 //     (TxStatus other than 'I') when the work ends;
 //   - a COMMIT went unanswered ([ErrCommitUnknown]);
+//   - with [ConnOptions.DeferIdentity], its first [Conn.Lend] came inside
+//     the caller's own transaction and the lent code was not found quiet
+//     ([Conn.Reclaim]): the identity to return to is unknown;
 //   - a caller marked it with [Conn.MarkDirty], for example because the
 //     outcome of a lock statement cannot be known.
 //

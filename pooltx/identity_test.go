@@ -148,40 +148,76 @@ func TestResetToARevokedRoleDestroys(t *testing.T) {
 }
 
 // Lend's doc: a first Lend inside a transaction of the caller's records no
-// identity (a SET LOCAL ROLE may be in force), so a later reset returns to
-// the identity at connection start, not to the local role.
+// identity (a SET LOCAL ROLE may be in force, and the identity at
+// connection start need not be the pool's: a SET ROLE in AfterConnect), so
+// Release destroys the connection unless the lent code was found quiet.
+// Review 22: before, the reset returned to the identity at connection
+// start, and the next borrower of a pool whose AfterConnect ran SET ROLE
+// got the login user (here a superuser); with a SET LOCAL ROLE in force, a
+// recorded identity would have kept the local role.
 func TestFirstLendInsideATransactionRecordsNoIdentity(t *testing.T) {
 	ctx := testCtx(t)
 	admin := pgtest.Pool(t)
-	other := oddRole(ctx, t, admin)
-	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec} {
-		t.Run(mode.String(), func(t *testing.T) {
-			cfg := pgtest.Config(t)
-			cfg.MaxConns = 1
-			cfg.ConnConfig.DefaultQueryExecMode = mode
-			pool := pgtest.NewPool(t, cfg)
-			var login string
-			require.NoError(t, pool.QueryRow(ctx, "SELECT current_user::text").Scan(&login))
-			c, err := pooltx.Acquire(ctx, pool, &pooltx.ConnOptions{DeferIdentity: true})
-			require.NoError(t, err)
-			tx, err := c.Conn().Begin(ctx)
-			require.NoError(t, err)
-			_, err = tx.Exec(ctx, "SET LOCAL ROLE "+pgx.Identifier{other}.Sanitize())
-			require.NoError(t, err)
-			conn := c.Lend(ctx)
-			_, err = conn.Exec(ctx, "SELECT 1")
-			require.NoError(t, err)
-			require.NoError(t, tx.Commit(ctx))
-			require.False(t, c.Release(), "kept")
-			// A later lend and reset on the same connection.
-			require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
-				_, err := c.Conn().Exec(ctx, "SET ROLE "+pgx.Identifier{other}.Sanitize())
-				return err
-			}))
-			var cur string
-			require.NoError(t, pool.QueryRow(ctx, "SELECT current_user::text").Scan(&cur))
-			assert.Equal(t, login, cur, "the identity at connection start, not the SET LOCAL ROLE of the first lend")
-		})
+	base, other := oddRole(ctx, t, admin), oddRole(ctx, t, admin)
+	_, err := admin.Exec(ctx, "GRANT "+pgx.Identifier{other}.Sanitize()+" TO "+pgx.Identifier{base}.Sanitize())
+	require.NoError(t, err)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		for _, connect := range []string{"", "SET ROLE ", "SET SESSION AUTHORIZATION "} {
+			for _, local := range []bool{false, true} {
+				for _, lent := range []string{"SELECT 1", "SET ROLE NONE", ""} {
+					name := fmt.Sprintf("%v/connect=%q/local=%v/lent=%q", mode, connect, local, lent)
+					t.Run(name, func(t *testing.T) {
+						cfg := pgtest.Config(t)
+						cfg.MaxConns = 1
+						cfg.ConnConfig.DefaultQueryExecMode = mode
+						if connect != "" {
+							cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+								_, err := c.Exec(ctx, connect+pgx.Identifier{base}.Sanitize())
+								return err
+							}
+						}
+						pool := pgtest.NewPool(t, cfg)
+						who := func() (cur, sess string) {
+							t.Helper()
+							require.NoError(t, pool.QueryRow(ctx, "SELECT current_user::text, session_user::text").Scan(&cur, &sess))
+							return cur, sess
+						}
+						cur0, sess0 := who()
+						c, err := pooltx.Acquire(ctx, pool, &pooltx.ConnOptions{DeferIdentity: true})
+						require.NoError(t, err)
+						tx, err := c.Conn().Begin(ctx)
+						require.NoError(t, err)
+						if local {
+							_, err = tx.Exec(ctx, "SET LOCAL ROLE "+pgx.Identifier{other}.Sanitize())
+							require.NoError(t, err)
+						}
+						conn := c.Lend(ctx)
+						require.NoError(t, c.Dirty())
+						if lent != "" {
+							_, err = conn.Exec(ctx, lent)
+							require.NoError(t, err)
+						}
+						quiet := c.Reclaim()
+						require.NoError(t, tx.Commit(ctx))
+						destroyed := c.Release()
+						if lent == "" && quiet {
+							assert.False(t, destroyed, "lent code that sent nothing changed nothing: kept")
+						} else {
+							assert.True(t, destroyed, "lent inside a transaction, identity unknown: destroyed")
+						}
+						cur, sess := who()
+						assert.Equal(t, [2]string{cur0, sess0}, [2]string{cur, sess}, "the next borrower's identity is the pool's")
+						// A later lend outside a transaction records the identity.
+						require.NoError(t, pooltx.WithConn(ctx, pool, &pooltx.ConnOptions{DeferIdentity: true}, func(ctx context.Context, c *pooltx.Conn) error {
+							_, err := c.Conn().Exec(ctx, "SET ROLE "+pgx.Identifier{other}.Sanitize())
+							return err
+						}))
+						cur, sess = who()
+						assert.Equal(t, [2]string{cur0, sess0}, [2]string{cur, sess}, "after a later lend")
+					})
+				}
+			}
+		}
 	}
 }
 

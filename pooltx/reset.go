@@ -109,9 +109,6 @@ type baseline struct {
 // reset names no identity (RESET SESSION AUTHORIZATION, RESET ROLE).
 var defaultBaseline = &baseline{reset: resetSQL, stmts: resetStatements[:]}
 
-// probeBaseline is defaultBaseline with the probe prepared.
-var probeBaseline = &baseline{probe: true, reset: sqlExecProbe + "; " + resetSQL, stmts: resetStatements[:]}
-
 // sameIdentityBaseline serves a connection pinned with
 // ConnOptions.DeferIdentity before any Lend recorded its identity: only
 // the caller's own statements ran, which changed none, so the reset leaves
@@ -172,8 +169,10 @@ func newBaseline(probe bool, login, sessionUser, role string) *baseline {
 // every later reset returns to that identity, one set in pgxpool's
 // AfterConnect included, never to the authenticated user's (a first Lend
 // inside a transaction of the caller's, where a SET LOCAL ROLE may be in
-// force, records none: resets then return to the identity at connection
-// start, RESET SESSION AUTHORIZATION and RESET ROLE); on a
+// force, records none and sends nothing: neither the identity in force
+// then nor the one at connection start need be the pool's, so Release
+// destroys the connection unless [Conn.Reclaim] found the lent code quiet
+// since; a later Lend outside a transaction records it); on a
 // connection whose pgx statement cache is in use it also prepares the
 // reset's probe (as Acquire does), so that a DEALLOCATE ALL run by lent code
 // is seen by the reset, which then destroys the connection instead of
@@ -242,17 +241,11 @@ func (c *Conn) readBaseline(within time.Duration) error {
 	if c.conn.PgConn().TxStatus() != 'I' {
 		// Lent inside a transaction of the caller's (this package's own
 		// lends come before BEGIN): a SET LOCAL ROLE may be in force, so
-		// the identity read now need not be the session's. Such a
-		// connection's reset names none (RESET SESSION AUTHORIZATION,
-		// RESET ROLE).
-		if probe {
-			if _, err := c.execWithin(within, sqlPrepareProbe, nil); err != nil {
-				return err
-			}
-			st.base = probeBaseline
-			return nil
-		}
-		st.base = defaultBaseline
+		// the identity read now need not be the session's, and the
+		// identity at connection start need not be the pool's (a SET ROLE
+		// in AfterConnect). Nothing is recorded: unless Reclaim finds the
+		// lent code quiet, Release destroys the connection (see Lend).
+		c.unknownIdentity = true
 		return nil
 	}
 	sql, want := sqlIdentity, 1
@@ -315,10 +308,10 @@ func (c *Conn) resetSQL() string { return c.base().reset }
 //     AUTHORIZATION, then SET ROLE, naming them, by name; so a role that
 //     pgxpool's AfterConnect set is restored, and the session never goes
 //     back to the authenticated user's identity where it had left it);
-//     with DeferIdentity and nothing recorded yet, left as it is; where
-//     nothing could be recorded (a first Lend inside the caller's
-//     transaction), as at connection start (RESET SESSION AUTHORIZATION,
-//     then RESET ROLE);
+//     with DeferIdentity and nothing recorded yet, left as it is (where
+//     nothing could be recorded, a first Lend inside the caller's
+//     transaction, Release destroys the connection all the same: see
+//     [Conn.Lend]);
 //   - every session-level advisory lock dropped (pg_advisory_unlock_all);
 //   - every cursor closed (CLOSE ALL), every LISTEN ended (UNLISTEN *);
 //   - every setting restored (RESET ALL);
@@ -472,6 +465,10 @@ func readAnswersCtx(ctx context.Context, pg *pgconn.PgConn, row func(values [][]
 
 // errResetIncomplete: fewer answers than statements came back.
 var errResetIncomplete = errors.New("reset did not complete")
+
+// errUnknownIdentity: a connection first lent inside the caller's
+// transaction (see Lend) is destroyed at release.
+var errUnknownIdentity = &CleanupError{Step: "reset", Err: errors.New("first lent inside a transaction: the session's identity to return to is unknown")}
 
 // execAll runs sql (simple protocol, any number of statements) on pg and
 // returns how many statements answered and the first error.
