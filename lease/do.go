@@ -120,7 +120,7 @@ func newSchedule(op, resource string, ttl time.Duration, o *DoOptions) (schedule
 	switch {
 	case s.every < 0 || s.margin < 0:
 		return s, opError(op, resource, fmt.Errorf("%w: negative renew interval or margin", ErrInvalid))
-	case s.every+s.margin >= ttl:
+	case s.every >= ttl || s.margin >= ttl || s.every >= ttl-s.margin: // every+margin >= ttl, without the sum's overflow
 		return s, opError(op, resource, fmt.Errorf("%w: renew interval %v plus margin %v must be shorter than the TTL %v", ErrInvalid, s.every, s.margin, ttl))
 	}
 	return s, nil

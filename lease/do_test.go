@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -214,6 +215,12 @@ func TestDoOptionsValidation(t *testing.T) {
 		"negative margin":          {Margin: -time.Millisecond},
 		"negative interval":        {RenewEvery: -time.Millisecond},
 		"negative TTL":             {Acquire: &lease.AcquireOptions{TTL: -time.Second}},
+		// Review 22: the sum wrapped negative and passed the check.
+		"huge interval":                  {RenewEvery: math.MaxInt64},
+		"huge margin":                    {Margin: math.MaxInt64},
+		"huge interval + margin":         {RenewEvery: math.MaxInt64 - 50*time.Millisecond, Margin: 100 * time.Millisecond},
+		"interval + huge margin":         {RenewEvery: 100 * time.Millisecond, Margin: math.MaxInt64 - 50*time.Millisecond},
+		"margin = TTL, interval default": {Margin: time.Second},
 	} {
 		require.ErrorIs(t, m.Do(ctx, "r", o, never), lease.ErrInvalid, name)
 		if o.Acquire == nil {

@@ -130,8 +130,11 @@ func (m *Manager) leave(ctx context.Context, req *request, sub *subscription, un
 // earliest blocker's expiry (as computed by the database) if that is sooner.
 func (m *Manager) pollDelay(hint time.Duration) time.Duration {
 	d := m.poll/2 + rand.N(m.poll/2+1)
-	if hint > 0 {
-		if h := hint + time.Millisecond + rand.N(5*time.Millisecond); h < d {
+	if hint > 0 && hint < d {
+		// h > 0: a hint within 6 ms of time.Duration's range (a blocker's
+		// expiry beyond it saturates to that) must not wrap to a negative
+		// wait, which would poll at once, again and again.
+		if h := hint + time.Millisecond + rand.N(5*time.Millisecond); h > 0 && h < d {
 			d = h
 		}
 	}
