@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -52,7 +53,14 @@ import (
 // did, at some moment while fn ran, so another session may have held the
 // key meanwhile; fn's own error, if any, is joined; the tracer gets it as
 // one TraceLost, no TraceRelease), ErrCallbackInTx (fn returned inside a
-// transaction it began: see above) or ErrInvalid. A panic in fn destroys
+// transaction it began: see above) or ErrInvalid; an unlock that failed
+// with no answer on a connection still open (another session cancelled
+// it) wraps a *pooltx.CleanupError (the connection is destroyed, which
+// frees the key). A reset that fails after the unlock answered (a
+// statement_timeout it outlasted, another session's pg_cancel_backend or
+// pg_terminate_backend) changes nothing of this: the unlock's answer said
+// whether the key was held, the connection is destroyed, and the failure
+// is logged at Warn. A panic in fn destroys
 // the connection, which releases the lock server-side, and is re-raised.
 func (l *Locker) WithLock(ctx context.Context, key keys.Key, opts *Options, fn func(ctx context.Context, conn *pgx.Conn) error) error {
 	a, ks := oneKey(key)
@@ -619,21 +627,36 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, r *request) 
 	case len(s.all) == 1:
 		// One key: one simple-protocol string, "unlock; reset", sent with
 		// pgconn (under pooltx's cleanup bound: no context to watch).
-		var held bool
-		held, err = execUnlockReset(c, s.unlockResetSQL(c, shared))
+		var held, answered bool
+		held, answered, err = execUnlockReset(c, s.unlockResetSQL(c, shared))
 		if err == nil {
 			c.MarkClean() // the whole string ran: the reset included
-			if !held {
-				falses = 1
-			}
+		}
+		if answered && !held {
+			falses = 1
+		}
+		if err != nil && answered {
+			err = l.resetFailed(ctx, c, r, err)
 		}
 	default:
 		cctx := cleanupBound(ctx, c)
 		defer c.EndBound()
 		b := &pgx.Batch{}
-		s.queue(b, kindUnlock, shared, 0, boolResults(&falses))
+		check := boolResults(&falses)
+		answered := 0
+		s.queue(b, kindUnlock, shared, 0, func(rows pgx.Rows) error {
+			err := check(rows)
+			if err == nil {
+				answered++
+			}
+			return err
+		})
+		unlocks := b.Len()
 		c.QueueReset(b)
 		err = c.Conn().SendBatch(cctx, b).Close()
+		if err != nil && answered == unlocks {
+			err = l.resetFailed(ctx, c, r, err)
+		}
 	}
 	op := opName(kindUnlock, shared)
 	if err != nil {
@@ -668,11 +691,29 @@ func cleanupBound(ctx context.Context, c *pooltx.Conn) context.Context {
 	return context.WithoutCancel(ctx)
 }
 
+// resetFailed handles a reset that failed after every unlock had answered
+// (a session statement_timeout that DISCARD TEMP outlasted, another
+// session's pg_cancel_backend or pg_terminate_backend): the keys were held
+// until the unlocks released them, which the unlocks' answers tell (false
+// answers still make ErrNotHeld), so the call's outcome is fn's, as with
+// the reset after WithXactLock's COMMIT or pooltx.WithConn's work. The
+// connection is destroyed, and the failure logged at Warn as a failed
+// cleanup. It returns nil.
+func (l *Locker) resetFailed(ctx context.Context, c *pooltx.Conn, r *request, err error) error {
+	cerr := &pooltx.CleanupError{Step: "reset", Err: err}
+	c.MarkDirty(cerr)
+	if l.log.Enabled(ctx, slog.LevelWarn) {
+		l.log.WarnContext(ctx, "advisory: reset after unlock failed; connection destroyed", "keys", keyStrings(r.s.all), "err", cerr)
+	}
+	return nil
+}
+
 // execUnlockReset runs the string of keySet.unlockResetSQL on c, bounded
-// by the cleanup timeout, and reports the unlock's answer. Any error, or
-// fewer results than the unlock and the pooltx.Conn.ResetCount statements
-// of the reset, is returned.
-func execUnlockReset(c *pooltx.Conn, sql string) (held bool, err error) {
+// by the cleanup timeout, and reports the unlock's answer (answered: the
+// unlock completed, whatever came after it). Any error, or fewer results
+// than the unlock and the pooltx.Conn.ResetCount statements of the reset,
+// is returned.
+func execUnlockReset(c *pooltx.Conn, sql string) (held, answered bool, err error) {
 	rows := 0
 	results, err := c.ExecBounded(sql, func(v [][]byte) {
 		if rows == 0 && len(v) == 1 && string(v[0]) == "t" {
@@ -683,5 +724,5 @@ func execUnlockReset(c *pooltx.Conn, sql string) (held bool, err error) {
 	if want := 1 + c.ResetCount(); err == nil && results != want {
 		err = fmt.Errorf("advisory: unlock and reset answered %d results of %d", results, want)
 	}
-	return held, err
+	return held, results >= 1 && rows >= 1, err
 }
