@@ -334,7 +334,11 @@
 // [ErrCallbackInTx], [ErrTxAborted], [ErrInvalid]) with
 // errors.Is and keeps
 // the *pgconn.PgError and, when the context ended, the context's error in
-// its chain. A callback's own error is returned unchanged. Only a wait for
+// its chain. A lock wait that another session's pg_cancel_backend ended
+// matches none of them where the server's messages are in English (see
+// "Server timeouts"): the *LockError keeps the server's 57014, nothing is
+// held, and the callback did not run. A callback's own error is returned
+// unchanged. Only a wait for
 // a lock is a lock timeout: a call that could not get a connection in time
 // (pool or Config.MaxConns exhausted, a server that cannot be reached or
 // does not answer) fails with [ErrNoConnection]. A Try call never waits
@@ -395,8 +399,11 @@
 // callback's next statement on its connection fails; the unlock finds the
 // session gone). A closed socket is seen at once, with no heartbeat. An
 // in-flight [Locker.WithXactLock] returns COMMIT's pooltx.ErrNotCommitted,
-// or the callback's own statement error, and none of its work is on the
-// new primary, even with synchronous replication.
+// or pooltx.ErrCommitUnknown where the shutdown's FATAL is what answers the
+// COMMIT (a FATAL there does not say whether the commit ran: a backend
+// terminated while it waits for a synchronous standby has committed
+// locally), or the callback's own statement error, and none of its work is
+// on the new primary, even with synchronous replication.
 //
 // When the old primary is cut off but not dead (a silent partition), it
 // keeps the locks: nothing tells it the holders are gone. The heartbeat

@@ -15,7 +15,9 @@ import (
 // Sentinel errors. Every error a call returns that a caller can act on
 // matches one of these with errors.Is, and keeps the *pgconn.PgError that
 // caused it (errors.As) and, when the caller's context ended, the context's
-// error as well.
+// error as well. (A lock wait that another session's pg_cancel_backend
+// ended matches none, where the server's messages are in English: it is a
+// *LockError with the server's 57014 in the chain; see Locker.WithLock.)
 var (
 	// ErrNotAcquired: a Try call found a key held in a conflicting mode.
 	// Nothing is held.

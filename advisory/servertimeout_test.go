@@ -441,3 +441,58 @@ func TestIdleInTransactionTimeout(t *testing.T) {
 	require.ErrorIs(t, err, advisory.ErrCallbackInTx)
 	requireOneLoss(t, rec)
 }
+
+// WithLock's doc and the package doc's "Errors": a lock wait that another
+// session's pg_cancel_backend ended is a *LockError with the server's
+// 57014 in the chain and no sentinel; nothing is held and the callback did
+// not run (review 22 found the doc promising a sentinel for every failure).
+func TestAForeignCancelOfAWaitMatchesNoSentinel(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	l := newLocker(t, pgtest.Pool(t), advisory.Config{})
+	ran := func(context.Context, *pgx.Conn) error { panic("the callback must not run") }
+	ranTx := func(context.Context, pgx.Tx) error { panic("the callback must not run") }
+	forms := map[string]func(k keys.Key) error{
+		"WithLock":     func(k keys.Key) error { return l.WithLock(ctx, k, nil, ran) },
+		"WithLockAll":  func(k keys.Key) error { return l.WithLockAll(ctx, []keys.Key{k, key(t)}, nil, ran) },
+		"WithXactLock": func(k keys.Key) error { return l.WithXactLock(ctx, k, nil, ranTx) },
+		"WithXactLockBatch": func(k keys.Key) error {
+			b := &pgx.Batch{}
+			b.Queue("SELECT 1")
+			return l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b)
+		},
+		"Lock": func(k keys.Key) error {
+			h, err := l.Lock(ctx, k, nil)
+			if err == nil {
+				_ = h.Unlock(ctx)
+			}
+			return err
+		},
+	}
+	for name, form := range forms {
+		t.Run(name, func(t *testing.T) {
+			k := key(t)
+			h := hold(ctx, t, false, k)
+			errc := make(chan error, 1)
+			go func() { errc <- form(k) }()
+			awaitWaiting(ctx, t, admin, k, 1)
+			_, o, _ := k.PgLocks()
+			_, err := admin.Exec(ctx, `SELECT pg_cancel_backend(pid) FROM pg_locks
+				WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, o)
+			require.NoError(t, err)
+			err = <-errc
+			var le *advisory.LockError
+			require.ErrorAs(t, err, &le)
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr)
+			assert.Equal(t, "57014", pgErr.Code)
+			for _, s := range []error{advisory.ErrNotAcquired, advisory.ErrLockTimeout, advisory.ErrNoConnection,
+				advisory.ErrDeadlock, advisory.ErrTooManyLocks, advisory.ErrNotHeld, advisory.ErrLockLost,
+				advisory.ErrCallbackInTx, advisory.ErrTxAborted, advisory.ErrInvalid, context.Canceled} {
+				assert.NotErrorIs(t, err, s)
+			}
+			h.release()
+			assert.True(t, newProbe(t).free(ctx, k, false), "nothing is held")
+		})
+	}
+}

@@ -56,7 +56,10 @@ import (
 // transaction it began: see above) or ErrInvalid; an unlock that failed
 // with no answer on a connection still open (another session cancelled
 // it) wraps a *pooltx.CleanupError (the connection is destroyed, which
-// frees the key). A reset that fails after the unlock answered (a
+// frees the key); a wait that another session's pg_cancel_backend ended
+// is a *LockError with the server's 57014 in the chain, matching no
+// sentinel where the server's messages are in English (see "Server
+// timeouts" in the package doc): nothing is held, and fn did not run. A reset that fails after the unlock answered (a
 // statement_timeout it outlasted, another session's pg_cancel_backend or
 // pg_terminate_backend) changes nothing of this: the unlock's answer said
 // whether the key was held, the connection is destroyed, and the failure

@@ -74,10 +74,13 @@ func (c *Conn) markSent() {
 // of the pool whose session ended; pgxpool pings a connection idle for
 // over a second before it hands it out.) A failed flush marks
 // c dirty. Whether or not the code was quiet, and wherever the counts can
-// be read or not, Reclaim clears a deadline it left on the socket, and
-// marks c dirty where it finds the socket's read side over (shut down, or
-// ended by the server with nothing before its FIN: Linux): the connection
-// is destroyed rather than reset, since no answer on it can be relied on. Nothing else may have used the connection since Lend (a
+// be read or not, Reclaim clears a deadline it left on the socket, and,
+// where the counts can be read, marks c dirty when it finds the socket's
+// read side over (shut down, or ended by the server with nothing before
+// its FIN): the connection is destroyed rather than reset, since no answer
+// on it can be relied on. (Elsewhere, a Unix-domain socket say, such a
+// connection is destroyed by the reset that then runs, which reads the
+// end of the stream.) Nothing else may have used the connection since Lend (a
 // goroutine the code started must not use it after the code returned); a
 // net.Conn of a custom DialFunc that unwraps by a NetConn method must not
 // buffer writes.
