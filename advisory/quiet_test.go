@@ -66,8 +66,11 @@ func TestQuietCallbackSkipsTheReset(t *testing.T) {
 			cfg.MaxConns = 1
 			pool := pgtest.NewPool(t, cfg)
 			l := newLocker(t, pool, advisory.Config{})
-			fresh, pid := pgtest.AppName(ctx, t, pool)
 			k := key(t)
+			// The connection's first lend records its settings as it finds
+			// them (the reset restores those): before anyone leaves any.
+			require.NoError(t, helper(ctx, l, k, true))
+			fresh, pid := pgtest.AppName(ctx, t, pool)
 
 			pgtest.LeaveAppName(ctx, t, pool, "left-by-another")
 			require.NoError(t, helper(ctx, l, k, false))

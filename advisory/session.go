@@ -579,8 +579,13 @@ func (l *Locker) lockSession(ctx, wctx context.Context, c *pooltx.Conn, r *reque
 }
 
 // releaseAfterFailure drops every session-level advisory lock c may hold
-// after a failed lock statement (pooltx's reset), under a fresh bounded
-// context; if that is impossible, c is marked dirty so that it is
+// after a failed lock statement, under a fresh bounded context: on a
+// connection never lent, where only this package's statements ran (their
+// settings are transaction-local), pg_advisory_unlock_all alone, which
+// keeps the session's settings as the pool gave them out (a SET in
+// AfterConnect included, which a reset before the connection's first
+// Lend could not restore: pooltx has recorded nothing yet); otherwise
+// pooltx's reset. If that is impossible, c is marked dirty so that it is
 // destroyed.
 func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 	if c.Conn().IsClosed() {
@@ -589,6 +594,14 @@ func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 	}
 	cctx := cleanupBound(ctx, c)
 	defer c.EndBound()
+	if !c.Lent() {
+		if _, err := c.Conn().Exec(cctx, "SELECT pg_catalog.pg_advisory_unlock_all()", pgx.QueryExecModeSimpleProtocol); err != nil {
+			c.MarkDirty(&pooltx.CleanupError{Step: "unlock", Err: err})
+			return
+		}
+		c.MarkClean()
+		return
+	}
 	_ = c.Reset(cctx) // a failure marks c dirty
 }
 

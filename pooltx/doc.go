@@ -65,12 +65,22 @@
 //     and the session's sequence state forgotten (currval and lastval are
 //     undefined again, as in a new session, so lastval does not tell the
 //     next borrower the last id the work drew).
-//   - Every setting goes back to its value at connection start: the
-//     server's, database's and role's defaults and the connection string's
-//     RuntimeParams (e.g. ?search_path=app in the DSN) survive. A SET of a
-//     setting run in pgxpool's AfterConnect does not survive the
-//     connection's first reset (identity, above, does): put such settings
-//     in RuntimeParams.
+//   - Every setting goes back to its value when the connection was first
+//     pinned (or, with DeferIdentity, first lent), read with the identity:
+//     RESET ALL restores the server's, database's and role's defaults and
+//     the connection string's RuntimeParams (e.g. ?search_path=app in the
+//     DSN), and a statement at the end of the reset sets again, with
+//     set_config, each setting the session had SET itself by then
+//     (pg_settings.source 'session': a SET run in pgxpool's AfterConnect,
+//     say search_path or default_transaction_isolation), to the value it
+//     had then (as with identity, what that first pin found, whichever
+//     borrower left it). Not restored: a custom setting (a name with a dot) that
+//     AfterConnect set, which pg_settings does not list (RuntimeParams
+//     carries one); and a setting that only a superuser may set, SET
+//     before an AfterConnect's SET ROLE to a role that may not, makes
+//     every reset fail, which destroys the connection each time. With
+//     DeferIdentity, a reset before the first Lend (nothing recorded yet)
+//     restores the values at connection start only.
 //   - pgx's statement cache keeps working after a DEALLOCATE ALL (or pgx's
 //     Conn.DeallocateAll): on a connection that uses it by default (a
 //     DefaultQueryExecMode of QueryExecModeCacheStatement, pgx's default;

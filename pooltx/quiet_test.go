@@ -29,6 +29,10 @@ func TestQuietWorkGoesBackAsItCame(t *testing.T) {
 	pool := pgtest.NewPool(t, cfg)
 	fresh, pid := pgtest.AppName(ctx, t, pool)
 	require.NotEqual(t, "left-by-another", fresh)
+	// The connection's first pin records its settings as it finds them
+	// (the reset restores those): pin it before another borrower leaves
+	// anything.
+	require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(context.Context, *pooltx.Conn) error { return nil }))
 
 	pgtest.LeaveAppName(ctx, t, pool, "left-by-another")
 	require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(context.Context, *pooltx.Conn) error { return nil }))

@@ -39,8 +39,15 @@ const ResetStatements = 8
 const (
 	sqlResetIdentity = "RESET SESSION AUTHORIZATION; RESET ROLE"
 	sqlUnlockAll     = "SELECT pg_catalog.pg_advisory_unlock_all()"
-	// The identity of a connection at its first pin (see Acquire).
-	sqlIdentity = "SELECT session_user::pg_catalog.text, pg_catalog.current_setting('role')"
+	// The identity of a connection at its first pin (see Acquire), and the
+	// statement that restores, after RESET ALL, the settings the session
+	// itself had set by then (source 'session': a SET in pgxpool's
+	// AfterConnect, say), composed by the server with their values quoted
+	// (NULL where there are none). Every name is pg_catalog's: the
+	// connection's search_path may hold look-alikes.
+	sqlIdentity = "SELECT session_user::pg_catalog.text, pg_catalog.current_setting('role'), " +
+		"(SELECT 'SELECT ' OPERATOR(pg_catalog.||) pg_catalog.string_agg(pg_catalog.format('pg_catalog.set_config(%L, %L, false)', s.name, s.setting), ', ' ORDER BY s.name) " +
+		"FROM pg_catalog.pg_settings s WHERE s.source OPERATOR(pg_catalog.=) 'session')"
 	// The probe: a statement prepared once per connection (see Conn.Lend).
 	// Executing it fails with SQLSTATE 26000 once something has
 	// deallocated every prepared statement of the session, pgx's statement
@@ -132,9 +139,16 @@ func (c *Conn) base() *baseline {
 
 // newBaseline returns the baseline of a connection whose session user was
 // sessionUser and role role (current_setting('role'): "none" for none)
-// when first lent; login is the user it authenticated as.
-func newBaseline(probe bool, login, sessionUser, role string) *baseline {
+// when first lent; login is the user it authenticated as. restore, when
+// not empty, is the statement that sets again the settings the session
+// had set itself (see sqlIdentity); it runs last, so that none of them
+// (default_transaction_read_only, say) applies to the reset's own
+// statements.
+func newBaseline(probe bool, login, sessionUser, role, restore string) *baseline {
 	b := &baseline{probe: probe, stmts: append([]string(nil), resetStatements[:]...)}
+	if restore != "" {
+		b.stmts = append(b.stmts, restore)
+	}
 	if sessionUser != login {
 		b.stmts[0] = "SET SESSION AUTHORIZATION " + pgx.Identifier{sessionUser}.Sanitize()
 	}
@@ -252,12 +266,15 @@ func (c *Conn) readBaseline(within time.Duration) error {
 	if probe {
 		sql, want = sqlPrepareProbe+"; "+sqlIdentity, 2
 	}
-	var sessionUser, role string
+	var sessionUser, role, restore string
 	rows := 0
 	n, err := c.execWithin(within, sql, func(v [][]byte) {
 		rows++
-		if len(v) == 2 && v[0] != nil && v[1] != nil {
+		if len(v) == 3 && v[0] != nil && v[1] != nil {
 			sessionUser, role = string(v[0]), string(v[1])
+			if v[2] != nil {
+				restore = string(v[2])
+			}
 		}
 	})
 	if err == nil && (n != want || rows != 1 || sessionUser == "" || role == "") {
@@ -266,7 +283,7 @@ func (c *Conn) readBaseline(within time.Duration) error {
 	if err != nil {
 		return err
 	}
-	st.base = newBaseline(probe, cfg.User, sessionUser, role)
+	st.base = newBaseline(probe, cfg.User, sessionUser, role, restore)
 	return nil
 }
 
@@ -288,7 +305,9 @@ func (c *Conn) AppendReset(b []byte) []byte {
 // [Conn.AppendReset] appends for c: [ResetStatements] (two fewer, the
 // identity's, on a connection pinned with [ConnOptions.DeferIdentity]
 // whose identity no Lend has recorded yet), plus one for the
-// probe on a connection that has one (see [Conn.Lend]).
+// probe on a connection that has one (see [Conn.Lend]), plus one for the
+// settings the session had set itself when its baseline was recorded
+// (see the package doc), where it had any.
 func (c *Conn) ResetCount() int {
 	b := c.base()
 	if b.probe {

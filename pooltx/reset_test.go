@@ -159,10 +159,12 @@ func TestNextBorrowerGetsNoLockAndNoSetting(t *testing.T) {
 	}
 }
 
-// Reset's doc: a SET run in AfterConnect does not survive a release by
-// pooltx that follows work which sent anything (RESET ALL restores the
-// values at connection start); work that sent nothing leaves it alone.
-func TestResetUndoesAfterConnectSettings(t *testing.T) {
+// The package doc: a SET run in AfterConnect survives a release by pooltx
+// that follows work which sent anything (RESET ALL, then the settings the
+// session had set itself at its first pin); work that sent nothing leaves
+// it alone. (Before review 22 the reset dropped it, as this test then
+// asserted.)
+func TestResetKeepsAfterConnectSettings(t *testing.T) {
 	ctx := testCtx(t)
 	cfg := pgtest.Config(t)
 	cfg.MaxConns = 1
@@ -178,7 +180,7 @@ func TestResetUndoesAfterConnectSettings(t *testing.T) {
 		_, err := c.Conn().Exec(ctx, "SELECT 1")
 		return err
 	}))
-	assert.NotEqual(t, "5555ms", stateOfNextBorrower(ctx, t, pool).statementTimeout)
+	assert.Equal(t, "5555ms", stateOfNextBorrower(ctx, t, pool).statementTimeout, "work that sent something: reset")
 }
 
 // The reset shares the COMMIT's round trip: WithTx costs what it cost

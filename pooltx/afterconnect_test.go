@@ -1,0 +1,85 @@
+package pooltx_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlock/pgxlock/internal/pgtest"
+	"github.com/pgxlock/pgxlock/pooltx"
+)
+
+// The package doc: every setting goes back to its value when the
+// connection was first pinned, a SET that pgxpool's AfterConnect ran
+// included (restored with set_config after RESET ALL). Review 22: before,
+// RESET ALL dropped them, so that after one reset the pool's
+// search_path, default_transaction_isolation and read-only default were
+// gone (a lease Manager then split its tables between two schemas).
+func TestResetRestoresSettingsAfterConnectSet(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	schema := pgtest.Schema(t, admin)
+	odd := `Odd "S"; 'x'` + fmt.Sprint(pgtest.UniqueInt32(t)&0xffff)
+	_, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{odd}.Sanitize())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pgtest.Pool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{odd}.Sanitize()+" CASCADE")
+	})
+	searchPath := pgx.Identifier{odd}.Sanitize() + ", " + pgx.Identifier{schema}.Sanitize()
+	connect := []string{
+		"SET search_path = " + searchPath,
+		"SET default_transaction_isolation = 'repeatable read'",
+		"SET work_mem = '7MB'",
+		"SET TimeZone = 'Asia/Kathmandu'",
+		"SET statement_timeout = '1234s'",
+	}
+	const watch = "SELECT current_setting('search_path'), current_setting('default_transaction_isolation'), " +
+		"current_setting('work_mem'), current_setting('TimeZone'), current_setting('statement_timeout'), current_user::text"
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		for _, deferIdentity := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/defer=%v", mode, deferIdentity), func(t *testing.T) {
+				cfg := pgtest.Config(t)
+				cfg.MaxConns = 1
+				cfg.ConnConfig.DefaultQueryExecMode = mode
+				cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+					for _, sql := range connect {
+						if _, err := c.Exec(ctx, sql); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				pool := pgtest.NewPool(t, cfg)
+				seen := func() [6]string {
+					t.Helper()
+					var v [6]string
+					require.NoError(t, pool.QueryRow(ctx, watch).Scan(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5]))
+					return v
+				}
+				want := seen()
+				require.Equal(t, "repeatable read", want[1])
+				opts := &pooltx.ConnOptions{DeferIdentity: deferIdentity}
+				changes := "RESET ALL; SET search_path = public; SET work_mem = '64MB'; SET default_transaction_isolation = 'serializable'; SET statement_timeout = 0"
+				for i := range 3 {
+					require.NoError(t, pooltx.WithConn(ctx, pool, opts, func(ctx context.Context, c *pooltx.Conn) error {
+						_, err := c.Conn().Exec(ctx, changes, pgx.QueryExecModeSimpleProtocol)
+						return err
+					}))
+					assert.Equal(t, want, seen(), "after WithConn %d", i)
+					c, err := pooltx.Acquire(ctx, pool, opts)
+					require.NoError(t, err)
+					require.NoError(t, c.Tx(ctx, nil, func(ctx context.Context, tx pgx.Tx) error {
+						_, err := tx.Exec(ctx, changes, pgx.QueryExecModeSimpleProtocol)
+						return err
+					}))
+					require.False(t, c.Release(), "reset, not destroyed")
+					assert.Equal(t, want, seen(), "after Conn.Tx %d", i)
+				}
+			})
+		}
+	}
+}
