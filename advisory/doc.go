@@ -25,6 +25,24 @@
 // (per-tenant serialisation of writes): nothing to unlock, nothing to leak.
 // Prefer them whenever the critical section is one transaction.
 //
+// Isolation. A transaction-level lock is its transaction's first
+// statement, so under REPEATABLE READ or SERIALIZABLE (Options.TxOptions,
+// or the session's default_transaction_isolation) the transaction's
+// snapshot is taken as the lock statement starts, before it waits: a
+// transaction that waited for the previous holder does not see that
+// holder's writes (its reads are of the data before them, and a
+// serializable one's writes to the same rows fail with 40001). The lock
+// still orders the transactions; it does not make their reads current.
+// Run the critical section in READ COMMITTED, where every statement takes
+// a fresh snapshot (Options.TxOptions with IsoLevel pgx.ReadCommitted
+// overrides a stricter session default), or take a session-level lock
+// ([Locker.WithLock]) and begin the stricter transaction inside its
+// callback, once the lock is held. The same holds for
+// [Locker.WithXactLockBatch], which begins with the session's default
+// isolation and takes no TxOptions (under a stricter default, use
+// WithXactLock with READ COMMITTED), and for [LockInTx] as the first
+// statement of the caller's transaction.
+//
 // Round trips. The counts this package's documentation gives are those of
 // pgx's exec modes that do not describe each statement: the default
 // (QueryExecModeCacheStatement) and QueryExecModeCacheDescribe once pgx has

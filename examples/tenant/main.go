@@ -196,13 +196,18 @@ func (b *bank) transfer(ctx context.Context, from, to account, amount int64) (ok
 	if b.noLock {
 		return ok, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return fn(ctx, tx) })
 	}
+	// READ COMMITTED whatever the database's default: the lock is the transaction's
+	// first statement, and under REPEATABLE READ or SERIALIZABLE its snapshot would
+	// be taken before it waits, so fn would read the balances as they were before
+	// the previous holder's transfer (see "Isolation" in package advisory).
+	opts := &advisory.Options{TxOptions: pgx.TxOptions{IsoLevel: pgx.ReadCommitted}}
 	if from.tenant == to.tenant {
-		return ok, b.locker.WithXactLock(ctx, tenantNS.Key(int32(from.tenant)), nil, fn)
+		return ok, b.locker.WithXactLock(ctx, tenantNS.Key(int32(from.tenant)), opts, fn)
 	}
 	// Both tenants in one call, in whatever order: WithXactLockAll sorts the keys, so a
 	// transfer 1->2 and a transfer 2->1 queue up instead of deadlocking.
 	return ok, b.locker.WithXactLockAll(ctx,
-		[]keys.Key{tenantNS.Key(int32(from.tenant)), tenantNS.Key(int32(to.tenant))}, nil, fn)
+		[]keys.Key{tenantNS.Key(int32(from.tenant)), tenantNS.Key(int32(to.tenant))}, opts, fn)
 }
 
 // add changes one balance the way application code often does: read, compute, write.
