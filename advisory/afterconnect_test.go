@@ -62,3 +62,54 @@ func TestAfterConnectSettingsSurviveTheLibrary(t *testing.T) {
 	require.NoError(t, l.WithXactLockBatch(ctx, []keys.Key{k}, nil, b))
 	assert.Equal(t, want, seen(), "after WithXactLockBatch")
 }
+
+// Review 23: a session-scope call whose proxy check failed without closing
+// the connection (pgx refuses the simple protocol under
+// standard_conforming_strings off; a plain borrower's DEALLOCATE ALL
+// leaves pgx's cached check to fail with 26000) handed it back through the
+// reset, which before the connection's first Lend had nothing recorded
+// and dropped what AfterConnect had set. The check changes nothing: the
+// connection goes back as it came.
+func TestAFailedProxyCheckKeepsAfterConnectSettings(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	schema := pgtest.Schema(t, admin)
+	for _, how := range []string{"simple protocol, standard_conforming_strings off", "DEALLOCATE ALL by a plain borrower"} {
+		t.Run(how, func(t *testing.T) {
+			cfg := pgtest.Config(t)
+			cfg.MaxConns = 1
+			connect := "SET search_path = " + pgx.Identifier{schema}.Sanitize()
+			if how[0] == 's' {
+				cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+				connect += "; SET standard_conforming_strings = off"
+			}
+			cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+				_, err := c.Exec(ctx, connect, pgx.QueryExecModeSimpleProtocol)
+				return err
+			}
+			pool := pgtest.NewPool(t, cfg)
+			seen := func() (string, uint32) {
+				t.Helper()
+				var sp string
+				var pid uint32
+				require.NoError(t, pool.QueryRow(ctx, "SELECT current_setting('search_path'), pg_backend_pid()", pgx.QueryExecModeExec).Scan(&sp, &pid))
+				return sp, pid
+			}
+			want, pid := seen()
+			if how[0] == 'D' {
+				// A first Locker's call caches the check; a plain borrower
+				// then deallocates every prepared statement.
+				h, err := newLocker(t, pool, advisory.Config{}).Lock(ctx, key(t), nil)
+				require.NoError(t, err)
+				require.NoError(t, h.Unlock(ctx))
+				_, err = pool.Exec(ctx, "DEALLOCATE ALL")
+				require.NoError(t, err)
+			}
+			_, err := newLocker(t, pool, advisory.Config{}).Lock(ctx, key(t), nil)
+			require.Error(t, err, "the proxy check fails")
+			got, p := seen()
+			assert.Equal(t, pid, p, "the same backend")
+			assert.Equal(t, want, got, "AfterConnect's search_path")
+		})
+	}
+}

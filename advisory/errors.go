@@ -60,8 +60,15 @@ var (
 	// server could not be reached or did not answer while connecting, or
 	// the call's bound ended before its lock statement was sent (a Locker's
 	// first session-scope call checks for a proxy first, one round trip
-	// inside that bound: a bound shorter than a round trip ends there). No
-	// lock was requested from the server and nothing is held. It is never
+	// inside that bound: a bound shorter than a round trip ends there), or,
+	// in a callback form, the lock was granted but the connection could not
+	// be readied for the callback (pooltx's first Lend of a connection
+	// records its identity in one round trip; a failure there, another
+	// session's pg_cancel_backend of it say, closes the connection, which
+	// ends the lock with the session; the tracer has seen the acquisition
+	// and then its release with this error). Nothing is held and the
+	// callback did not run; but for that last case, no lock was requested
+	// from the server. It is never
 	// ErrLockTimeout: a lock timeout means the wait for the key ran out (on
 	// the server, or in the local queue behind an earlier call of the same
 	// Locker for that key, which may itself be stuck on its way to the

@@ -50,6 +50,8 @@ func (l *Locker) checkProxy(ctx, wctx context.Context, c *pooltx.Conn, op string
 				// The call's bound, ctx's deadline or its cancellation
 				// ended it: no lock was waited for.
 				err = noConnection(err)
+			} else {
+				markCheckClean(c)
 			}
 			return &LockError{Op: op, Keys: ks, Err: classify(ctx, err)}
 		}
@@ -62,9 +64,23 @@ func (l *Locker) checkProxy(ctx, wctx context.Context, c *pooltx.Conn, op string
 		}
 	}
 	if state == proxyFound {
+		markCheckClean(c)
 		return &LockError{Op: op, Keys: ks, Err: ErrProxy}
 	}
 	return nil
+}
+
+// markCheckClean marks c clean after a proxy check that failed or found a
+// proxy, with no context ended (so no cancel request in flight): the check
+// ran nothing but SELECT pg_backend_pid(), or pgx refused to send it, and
+// the connection goes back as the pool gave it out, with no reset (one
+// before the connection's first Lend could not restore what AfterConnect
+// set: pooltx has recorded nothing yet). A closed connection is destroyed
+// all the same.
+func markCheckClean(c *pooltx.Conn) {
+	if !c.Lent() && !c.Conn().IsClosed() {
+		c.MarkClean()
+	}
 }
 
 // Values of Locker.proxyState.

@@ -88,3 +88,43 @@ func btoi(b bool) int {
 	}
 	return 0
 }
+
+// Review 23: WithLockAll's unlock of several keys on a lent connection ran
+// pgx's cached statements, which a callback's DEALLOCATE ALL or DISCARD ALL
+// had removed from the server: the call failed with 26000, matching no
+// sentinel (and, after DISCARD ALL, not ErrNotHeld although the keys had
+// been dropped). The unlock is now one simple-protocol string of its own,
+// as for one key.
+func TestWithLockAllUnlocksAfterTheCallbackEmptiedTheStatementCache(t *testing.T) {
+	ctx := testCtx(t)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeExec} {
+		for _, shared := range []bool{false, true} {
+			for _, fnSQL := range []string{"DEALLOCATE ALL", "DISCARD ALL", "SELECT 1"} {
+				t.Run(fmt.Sprintf("%v/shared=%v/%s", mode, shared, fnSQL), func(t *testing.T) {
+					cfg := pgtest.Config(t)
+					cfg.MaxConns = 1
+					cfg.ConnConfig.DefaultQueryExecMode = mode
+					pool := pgtest.NewPool(t, cfg)
+					l := newLocker(t, pool, advisory.Config{})
+					ks := []keys.Key{key(t), key(t), keys.Pair(pgtest.UniqueInt32(t), 7)}
+					opts := &advisory.Options{Shared: shared}
+					noop := func(context.Context, *pgx.Conn) error { return nil }
+					require.NoError(t, l.WithLockAll(ctx, ks, opts, noop)) // warms pgx's cache
+					err := l.WithLockAll(ctx, ks, opts, func(ctx context.Context, c *pgx.Conn) error {
+						_, err := c.Exec(ctx, fnSQL, pgx.QueryExecModeSimpleProtocol)
+						return err
+					})
+					if fnSQL == "DISCARD ALL" {
+						require.ErrorIs(t, err, advisory.ErrNotHeld, "the callback dropped the locks")
+					} else {
+						require.NoError(t, err)
+					}
+					for _, k := range ks {
+						assert.True(t, newProbe(t).free(ctx, k, false), "%v is free", k)
+					}
+					require.NoError(t, l.WithLockAll(ctx, ks, opts, noop), "the pool works")
+				})
+			}
+		}
+	}
+}

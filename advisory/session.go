@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -640,37 +641,17 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, r *request) 
 		if err == nil && falses == 0 {
 			c.MarkClean()
 		}
-	case len(s.all) == 1:
-		// One key: one simple-protocol string, "unlock; reset", sent with
-		// pgconn (under pooltx's cleanup bound: no context to watch).
-		var held, answered bool
-		held, answered, err = execUnlockReset(c, s.unlockResetSQL(c, shared))
+	default:
+		// One simple-protocol string, "unlock; reset", sent with pgconn
+		// (under pooltx's cleanup bound: no context to watch), which needs
+		// none of pgx's prepared statements (the lent code may have
+		// deallocated them).
+		var answered bool
+		falses, answered, err = execUnlockReset(c, s.unlockResetSQL(c, shared), len(s.all) > 1)
 		if err == nil {
 			c.MarkClean() // the whole string ran: the reset included
 		}
-		if answered && !held {
-			falses = 1
-		}
 		if err != nil && answered {
-			err = l.resetFailed(ctx, c, r, err)
-		}
-	default:
-		cctx := cleanupBound(ctx, c)
-		defer c.EndBound()
-		b := &pgx.Batch{}
-		check := boolResults(&falses)
-		answered := 0
-		s.queue(b, kindUnlock, shared, 0, func(rows pgx.Rows) error {
-			err := check(rows)
-			if err == nil {
-				answered++
-			}
-			return err
-		})
-		unlocks := b.Len()
-		c.QueueReset(b)
-		err = c.Conn().SendBatch(cctx, b).Close()
-		if err != nil && answered == unlocks {
 			err = l.resetFailed(ctx, c, r, err)
 		}
 	}
@@ -725,20 +706,35 @@ func (l *Locker) resetFailed(ctx context.Context, c *pooltx.Conn, r *request, er
 }
 
 // execUnlockReset runs the string of keySet.unlockResetSQL on c, bounded
-// by the cleanup timeout, and reports the unlock's answer (answered: the
-// unlock completed, whatever came after it). Any error, or fewer results
-// than the unlock and the pooltx.Conn.ResetCount statements of the reset,
-// is returned.
-func execUnlockReset(c *pooltx.Conn, sql string) (held, answered bool, err error) {
-	rows := 0
+// by the cleanup timeout, and reports how many unlocks answered false
+// (answered: the unlock completed, whatever came after it; many: the
+// string is unlockManyResetSQL's, whose first row counts the falses). Any
+// error, or fewer results than the unlock and the pooltx.Conn.ResetCount
+// statements of the reset, is returned.
+func execUnlockReset(c *pooltx.Conn, sql string, many bool) (falses int, answered bool, err error) {
+	rows, parsed := 0, false
 	results, err := c.ExecBounded(sql, func(v [][]byte) {
-		if rows == 0 && len(v) == 1 && string(v[0]) == "t" {
-			held = true // the first row is the unlock's
+		if rows == 0 && len(v) == 1 && v[0] != nil { // the first row is the unlock's
+			switch {
+			case !many:
+				parsed = true
+				if string(v[0]) != "t" {
+					falses = 1
+				}
+			default:
+				if n, perr := strconv.Atoi(string(v[0])); perr == nil {
+					falses, parsed = n, true
+				}
+			}
 		}
 		rows++
 	})
 	if want := 1 + c.ResetCount(); err == nil && results != want {
 		err = fmt.Errorf("advisory: unlock and reset answered %d results of %d", results, want)
 	}
-	return held, results >= 1 && rows >= 1, err
+	answered = results >= 1 && parsed
+	if err == nil && !parsed {
+		err = errors.New("advisory: the unlock's answer could not be read")
+	}
+	return falses, answered, err
 }

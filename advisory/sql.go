@@ -221,12 +221,19 @@ func (s *keySet) one(k kind, shared bool, timeout string) (string, []any) {
 	return st.one2, s.argv[:2]
 }
 
-// unlockResetSQL returns the simple-protocol string that unlocks the single
-// key of s in the given mode and then resets the session of c
-// (pooltx.Conn.AppendReset): one round trip, 1+c.ResetCount()
-// results. The key is written as a numeric literal
-// (strconv, never input text), as pgx's own simple protocol would render it.
+// unlockResetSQL returns the simple-protocol string that unlocks the keys
+// of s in the given mode and then resets the session of c
+// (pooltx.Conn.AppendReset): one round trip, 1+c.ResetCount() results.
+// The first answers, for one key, the unlock's boolean, and for several,
+// how many unlocks answered false (pairs released first, then int8 keys,
+// as queue does). Keys are written as numeric literals (strconv, never
+// input text), as pgx's own simple protocol would render them. Being a
+// string of its own, it does not depend on pgx's statement cache, which
+// lent code may have emptied on the server (DEALLOCATE ALL, DISCARD ALL).
 func (s *keySet) unlockResetSQL(c *pooltx.Conn, shared bool) string {
+	if len(s.all) > 1 {
+		return s.unlockManyResetSQL(c, shared)
+	}
 	var buf [256]byte
 	b := append(buf[:0], "SELECT "...)
 	b = append(b, funcNames[kindUnlock]...)
@@ -243,6 +250,51 @@ func (s *keySet) unlockResetSQL(c *pooltx.Conn, shared bool) string {
 		b = strconv.AppendInt(b, int64(y), 10)
 	}
 	b = append(b, "); "...)
+	b = c.AppendReset(b)
+	return string(b)
+}
+
+// unlockManyResetSQL is unlockResetSQL for several keys: one SELECT of
+// the number of false unlocks, over VALUES lists (no cap on their length,
+// as a target list of one unlock per key would have).
+func (s *keySet) unlockManyResetSQL(c *pooltx.Conn, shared bool) string {
+	fn := funcNames[kindUnlock]
+	if shared {
+		fn += "_shared"
+	}
+	b := make([]byte, 0, 160+24*len(s.all)+len(c.AppendReset(nil)))
+	b = append(b, "SELECT 0"...)
+	if len(s.as) > 0 {
+		b = append(b, " OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM (VALUES "...)
+		for i := range s.as {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = append(b, '(')
+			b = strconv.AppendInt(b, int64(s.as[i]), 10)
+			b = append(b, ", "...)
+			b = strconv.AppendInt(b, int64(s.bs[i]), 10)
+			b = append(b, ')')
+		}
+		b = append(b, ") AS v(a, b) WHERE NOT "...)
+		b = append(b, fn...)
+		b = append(b, "(v.a, v.b))"...)
+	}
+	if len(s.ints) > 0 {
+		b = append(b, " OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM (VALUES "...)
+		for i, v := range s.ints {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = append(b, "(("...)
+			b = strconv.AppendInt(b, v, 10)
+			b = append(b, ")::pg_catalog.int8)"...)
+		}
+		b = append(b, ") AS v(k) WHERE NOT "...)
+		b = append(b, fn...)
+		b = append(b, "(v.k))"...)
+	}
+	b = append(b, "; "...)
 	b = c.AppendReset(b)
 	return string(b)
 }

@@ -83,3 +83,71 @@ func TestResetRestoresSettingsAfterConnectSet(t *testing.T) {
 		}
 	}
 }
+
+// The package doc: the reset is ASCII, so a client_encoding the lent code
+// left cannot change how it reads; transaction_* settings are not
+// restored. Review 23: a search_path with a non-ASCII name and a backslash,
+// restored as a quoted literal, read as other characters under SJIS (the
+// next borrower got "xﾃ―", public); a SET transaction_deferrable in
+// AfterConnect made every reset fail (PostgreSQL refuses it after a
+// statement), destroying the connection each time.
+func TestResetReadsTheSameWhateverTheClientEncoding(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	odd := fmt.Sprintf(`%d xÁ\`, pgtest.UniqueInt32(t)&0xffff) // UTF-8 C3 81 5C: SJIS reads 81 5C as one character
+	role := fmt.Sprintf(`Rôle\ "q" %d`, pgtest.UniqueInt32(t)&0xffff)
+	for _, sql := range []string{"CREATE SCHEMA " + pgx.Identifier{odd}.Sanitize(), "CREATE ROLE " + pgx.Identifier{role}.Sanitize()} {
+		_, err := admin.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() {
+		p := pgtest.Pool(t)
+		_, _ = p.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{odd}.Sanitize()+" CASCADE")
+		_, _ = p.Exec(context.Background(), "DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize())
+	})
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		for _, connectRole := range []string{"SET ROLE ", "SET SESSION AUTHORIZATION "} {
+			for _, deferrable := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%v/%s/deferrable=%v", mode, connectRole, deferrable), func(t *testing.T) {
+					cfg := pgtest.Config(t)
+					cfg.MaxConns = 1
+					cfg.ConnConfig.DefaultQueryExecMode = mode
+					cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+						stmts := []string{
+							"SET search_path = " + pgx.Identifier{odd}.Sanitize() + ", public",
+							"SET application_name = 'a\\b''c'",
+							connectRole + pgx.Identifier{role}.Sanitize(),
+						}
+						if deferrable {
+							stmts = append(stmts, "SET transaction_deferrable = off")
+						}
+						for _, sql := range stmts {
+							if _, err := c.Exec(ctx, sql); err != nil {
+								return fmt.Errorf("%s: %w", sql, err)
+							}
+						}
+						return nil
+					}
+					pool := pgtest.NewPool(t, cfg)
+					seen := func() (v [4]string, pid uint32) {
+						t.Helper()
+						require.NoError(t, pool.QueryRow(ctx, "SELECT current_setting('search_path'), current_setting('application_name'), current_user::text, session_user::text, pg_backend_pid()").
+							Scan(&v[0], &v[1], &v[2], &v[3], &pid))
+						return v, pid
+					}
+					want, pid0 := seen()
+					require.Equal(t, role, want[2])
+					for i := range 3 {
+						require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
+							_, err := c.Conn().Exec(ctx, "SET client_encoding = 'SJIS'", pgx.QueryExecModeSimpleProtocol)
+							return err
+						}))
+						got, pid := seen()
+						assert.Equal(t, want, got, "after WithConn %d", i)
+						assert.Equal(t, pid0, pid, "reset, not destroyed (%d)", i)
+					}
+				})
+			}
+		}
+	}
+}

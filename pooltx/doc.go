@@ -20,8 +20,10 @@
 // # The reset
 //
 // Its invariant: after any work lent a connection, the next borrower sees
-// the connection as the pool gave it out (after a reset, what a fresh
-// connection of the pool sees), or a fresh connection. Before every release of a connection
+// the connection as the pool gave it out (after a reset, as the
+// connection's first pin found it: what a fresh connection of the pool
+// sees, unless another borrower of the pool had changed it before that
+// pin; see the identity and settings below), or a fresh connection. Before every release of a connection
 // that was lent to code the caller does not control ([Conn.Lend]:
 // [WithConn], [WithTx] and the callback and batch helpers of package
 // advisory do), whatever that code did, one simple-protocol string runs
@@ -33,7 +35,11 @@
 //
 // (preceded by EXECUTE pgxlock_reset, the probe below, on a connection that
 // uses pgx's statement cache; the first two statements name the identity
-// recorded at the connection's first pin, below).
+// recorded at the connection's first pin, below; and followed, where the
+// session had set settings itself by then, by one SELECT of set_config
+// calls that sets them again). The whole string is ASCII (names outside it
+// are Unicode-escaped identifiers, values the hex of their UTF-8 bytes), so
+// that a client_encoding the lent code left cannot change how it reads.
 //
 // It restores:
 //
@@ -74,7 +80,17 @@
 //     (pg_settings.source 'session': a SET run in pgxpool's AfterConnect,
 //     say search_path or default_transaction_isolation), to the value it
 //     had then (as with identity, what that first pin found, whichever
-//     borrower left it). Not restored: a custom setting (a name with a dot) that
+//     borrower left it), as PostgreSQL shows it (a real-valued setting to
+//     6 significant digits: cpu_tuple_cost 0.0123456789 comes back as
+//     0.0123457). The transaction_isolation, transaction_read_only and
+//     transaction_deferrable settings belong to a transaction and are not
+//     restored. Settings restored apply to the library's own statements
+//     outside transactions too, as they would on a fresh connection of
+//     the pool: with default_transaction_isolation serializable,
+//     default_transaction_read_only and default_transaction_deferrable all
+//     set, every such statement, the unlock and reset included, first
+//     waits for a safe snapshot (bounded by the cleanup timeout, past
+//     which the connection is destroyed). Not restored: a custom setting (a name with a dot) that
 //     AfterConnect set, which pg_settings does not list (RuntimeParams
 //     carries one); and a setting that only a superuser may set, SET
 //     before an AfterConnect's SET ROLE to a role that may not, makes
@@ -88,8 +104,11 @@
 //     one, has no probe: the other modes are the ones that work through
 //     PgBouncer, where a statement the probe prepared would not be found
 //     again), the connection's first pin (or, with
-//     DeferIdentity, first [Conn.Lend]) prepares a probe statement (once
-//     in the connection's life, with the identity's read), and the reset executes it
+//     DeferIdentity, first [Conn.Lend]) prepares a probe statement,
+//     pgxlock_reset (once in the connection's life, with the identity's
+//     read; the name is the library's: where the pool's own code, an
+//     AfterConnect say, prepared a statement under it, that first pin or
+//     Lend fails, and so does every call on such a connection), and the reset executes it
 //     first; after a DEALLOCATE ALL it is gone, the reset fails and the
 //     connection is destroyed, so the next borrower's cached statements do
 //     not fail with 26000. The probe runs before the rest of the reset, so

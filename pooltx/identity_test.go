@@ -243,3 +243,26 @@ func TestResetOnANeverLentConnectionKeepsTheAfterConnectRole(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT current_user::text").Scan(&cur))
 	assert.Equal(t, base, cur)
 }
+
+// Lend's doc: a later Lend outside a transaction records the identity that
+// a first Lend inside one could not, and the connection is then kept.
+// Review 23: the first lend's mark was never cleared, and Release
+// destroyed the connection all the same.
+func TestALaterLendRecordsTheIdentityAndKeepsTheConnection(t *testing.T) {
+	ctx := testCtx(t)
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	pool := pgtest.NewPool(t, cfg)
+	c, err := pooltx.Acquire(ctx, pool, &pooltx.ConnOptions{DeferIdentity: true})
+	require.NoError(t, err)
+	_, err = c.Conn().Exec(ctx, "BEGIN")
+	require.NoError(t, err)
+	c.Lend(ctx)
+	require.True(t, c.Reclaim(), "the lent code sent nothing")
+	_, err = c.Conn().Exec(ctx, "COMMIT")
+	require.NoError(t, err)
+	conn := c.Lend(ctx) // outside a transaction: records the identity
+	_, err = conn.Exec(ctx, "SET work_mem = '5MB'")
+	require.NoError(t, err)
+	assert.False(t, c.Release(), "reset and kept")
+}

@@ -3,6 +3,7 @@ package pooltx
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -18,7 +19,10 @@ import (
 // ("...; " + the reset, one round trip) and call [Conn.MarkClean] once the
 // whole string has succeeded; [Conn.AppendReset] appends the form fit for
 // its connection, which also detects a DEALLOCATE ALL and restores the
-// identity recorded at the connection's first pin ([Acquire]).
+// identity and the settings recorded at the connection's first pin
+// ([Acquire]): ResetSQL itself returns the session to its identity and
+// settings at connection start, so a SET ROLE or a SET that pgxpool's
+// AfterConnect ran does not survive it.
 //
 // The order matters: RESET SESSION AUTHORIZATION goes back to the
 // authenticated user (which may leave role at none), RESET ROLE then restores the
@@ -42,12 +46,21 @@ const (
 	// The identity of a connection at its first pin (see Acquire), and the
 	// statement that restores, after RESET ALL, the settings the session
 	// itself had set by then (source 'session': a SET in pgxpool's
-	// AfterConnect, say), composed by the server with their values quoted
-	// (NULL where there are none). Every name is pg_catalog's: the
+	// AfterConnect, say), composed by the server (NULL where there are
+	// none). Each value travels as the hex of its UTF-8 bytes, so that the
+	// statement is ASCII whatever the value: PostgreSQL reads a reset's
+	// text in the client_encoding the lent code may have left (SJIS, say),
+	// in which a quoted non-ASCII value could read as other characters,
+	// or as the end of its quote. The transaction_* settings are left out:
+	// they belong to a transaction, and PostgreSQL refuses to set them once
+	// a statement of it has run. Every name is pg_catalog's: the
 	// connection's search_path may hold look-alikes.
 	sqlIdentity = "SELECT session_user::pg_catalog.text, pg_catalog.current_setting('role'), " +
-		"(SELECT 'SELECT ' OPERATOR(pg_catalog.||) pg_catalog.string_agg(pg_catalog.format('pg_catalog.set_config(%L, %L, false)', s.name, s.setting), ', ' ORDER BY s.name) " +
-		"FROM pg_catalog.pg_settings s WHERE s.source OPERATOR(pg_catalog.=) 'session')"
+		"(SELECT 'SELECT ' OPERATOR(pg_catalog.||) pg_catalog.string_agg(pg_catalog.format(" +
+		"'pg_catalog.set_config(%L, pg_catalog.convert_from(pg_catalog.decode(%L, ''hex''), ''UTF8''), false)', " +
+		"s.name, pg_catalog.encode(pg_catalog.convert_to(s.setting, 'UTF8'), 'hex')), ', ' ORDER BY s.name) " +
+		"FROM pg_catalog.pg_settings s WHERE s.source OPERATOR(pg_catalog.=) 'session' " +
+		"AND s.name OPERATOR(pg_catalog.<>) ALL ('{transaction_isolation,transaction_read_only,transaction_deferrable}'::pg_catalog.text[]))"
 	// The probe: a statement prepared once per connection (see Conn.Lend).
 	// Executing it fails with SQLSTATE 26000 once something has
 	// deallocated every prepared statement of the session, pgx's statement
@@ -142,20 +155,20 @@ func (c *Conn) base() *baseline {
 // when first lent; login is the user it authenticated as. restore, when
 // not empty, is the statement that sets again the settings the session
 // had set itself (see sqlIdentity); it runs last, so that none of them
-// (default_transaction_read_only, say) applies to the reset's own
-// statements.
+// applies to the statements of the reset it ends (later resets run under
+// them: see the package doc).
 func newBaseline(probe bool, login, sessionUser, role, restore string) *baseline {
 	b := &baseline{probe: probe, stmts: append([]string(nil), resetStatements[:]...)}
 	if restore != "" {
 		b.stmts = append(b.stmts, restore)
 	}
 	if sessionUser != login {
-		b.stmts[0] = "SET SESSION AUTHORIZATION " + pgx.Identifier{sessionUser}.Sanitize()
+		b.stmts[0] = "SET SESSION AUTHORIZATION " + asciiIdent(sessionUser)
 	}
 	if role == "none" {
 		b.stmts[1] = "SET ROLE NONE"
 	} else {
-		b.stmts[1] = "SET ROLE " + pgx.Identifier{role}.Sanitize()
+		b.stmts[1] = "SET ROLE " + asciiIdent(role)
 	}
 	var sb strings.Builder
 	if probe {
@@ -169,6 +182,44 @@ func newBaseline(probe bool, login, sessionUser, role, restore string) *baseline
 	}
 	b.reset = sb.String()
 	return b
+}
+
+// asciiIdent quotes name as an SQL identifier in ASCII alone: as pgx
+// quotes it where it is ASCII, else as a Unicode-escaped identifier
+// (U&"R\00F4le"), so that the reset reads the same whatever
+// client_encoding the lent code left (PostgreSQL reads a statement's text
+// in it: a non-ASCII name could read as other characters).
+func asciiIdent(name string) string {
+	ascii := true
+	for i := 0; i < len(name); i++ {
+		if name[i] >= 0x80 {
+			ascii = false
+			break
+		}
+	}
+	if ascii {
+		return pgx.Identifier{name}.Sanitize()
+	}
+	var sb strings.Builder
+	sb.WriteString(`U&"`)
+	for _, r := range name {
+		switch {
+		case r == '"':
+			sb.WriteString(`""`)
+		case r == '\\':
+			sb.WriteString(`\\`)
+		case r == 0:
+			// PostgreSQL names hold no NUL (pgx's quoting drops it too).
+		case r < 0x80:
+			sb.WriteRune(r)
+		case r <= 0xFFFF:
+			fmt.Fprintf(&sb, `\%04X`, r)
+		default:
+			fmt.Fprintf(&sb, `\+%06X`, r)
+		}
+	}
+	sb.WriteByte('"')
+	return sb.String()
 }
 
 // Lend returns the connection for code the caller does not control (a
@@ -284,6 +335,7 @@ func (c *Conn) readBaseline(within time.Duration) error {
 		return err
 	}
 	st.base = newBaseline(probe, cfg.User, sessionUser, role, restore)
+	c.unknownIdentity = false // recorded now: an earlier lend inside a transaction was quiet
 	return nil
 }
 
@@ -333,7 +385,8 @@ func (c *Conn) resetSQL() string { return c.base().reset }
 //     [Conn.Lend]);
 //   - every session-level advisory lock dropped (pg_advisory_unlock_all);
 //   - every cursor closed (CLOSE ALL), every LISTEN ended (UNLISTEN *);
-//   - every setting restored (RESET ALL);
+//   - every setting restored (RESET ALL, then the settings recorded with
+//     the identity: see the package doc);
 //   - temporary tables dropped (DISCARD TEMP);
 //   - sequence state forgotten (DISCARD SEQUENCES: currval and lastval
 //     are undefined again, as in a new session);
@@ -346,11 +399,12 @@ func (c *Conn) resetSQL() string { return c.base().reset }
 // marks c dirty and returns a *CleanupError with Step "reset". It must not
 // run inside a transaction (a rollback would undo it).
 //
-// RESET ALL restores each setting to its value at connection start: the
+// RESET ALL restores each setting to its value at connection start (the
 // server's, database's and role's defaults and the connection string's
-// RuntimeParams survive; a SET run in pgxpool's AfterConnect does not (put
-// such settings in ConnConfig.RuntimeParams instead). What the reset does
-// not undo is listed in the package documentation.
+// RuntimeParams); a statement after it sets again the settings the
+// session had set itself when its first pin (or Lend) recorded them, a
+// SET run in pgxpool's AfterConnect say (see the package doc). What the
+// reset does not undo is listed in the package documentation.
 func (c *Conn) Reset(ctx context.Context) error {
 	if n, err := execAll(ctx, c.conn.PgConn(), c.resetSQL()); err != nil || n != c.ResetCount() {
 		if err == nil {
