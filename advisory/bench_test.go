@@ -371,6 +371,17 @@ func BenchmarkSessionLockAll10(b *testing.B) {
 		opts := &advisory.Options{Timeout: time.Minute}
 		e.run(b, func(ctx context.Context) error { return e.l.WithLockAll(ctx, ks, opts, noopSession) })
 	})
+	// A callback that runs one statement: the unlocks go with the reset.
+	b.Run("impl=advisory-sent", func(b *testing.B) {
+		e := newBenchEnv(b)
+		ks, _ := benchKeys(b, 10)
+		e.run(b, func(ctx context.Context) error {
+			return e.l.WithLockAll(ctx, ks, nil, func(ctx context.Context, c *pgx.Conn) error {
+				_, err := c.Exec(ctx, "SELECT 1")
+				return err
+			})
+		})
+	})
 }
 
 // BenchmarkPaired runs the implementations of one operation in turn, one

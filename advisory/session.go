@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgxlock/pgxlock/internal/cutoff"
 	"github.com/pgxlock/pgxlock/keys"
@@ -641,18 +642,41 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, r *request) 
 		if err == nil && falses == 0 {
 			c.MarkClean()
 		}
+	case len(s.all) == 1:
+		// One key: one simple-protocol string, "unlock; reset", sent with
+		// pgconn (under pooltx's cleanup bound: no context to watch).
+		err = l.unlockResetString(ctx, c, r, &falses)
 	default:
-		// One simple-protocol string, "unlock; reset", sent with pgconn
-		// (under pooltx's cleanup bound: no context to watch), which needs
-		// none of pgx's prepared statements (the lent code may have
-		// deallocated them).
-		var answered bool
-		falses, answered, err = execUnlockReset(c, s.unlockResetSQL(c, shared), len(s.all) > 1)
-		if err == nil {
-			c.MarkClean() // the whole string ran: the reset included
-		}
-		if err != nil && answered {
+		// Several: the unlocks and the reset as one pipeline of pgx's
+		// prepared statements (cheaper on the server than a string it
+		// parses each time).
+		cctx := cleanupBound(ctx, c)
+		b := &pgx.Batch{}
+		check := boolResults(&falses)
+		answered := 0
+		s.queue(b, kindUnlock, shared, 0, func(rows pgx.Rows) error {
+			err := check(rows)
+			if err == nil {
+				answered++
+			}
+			return err
+		})
+		unlocks := b.Len()
+		c.QueueReset(b)
+		err = c.Conn().SendBatch(cctx, b).Close()
+		c.EndBound()
+		var pgErr *pgconn.PgError
+		switch {
+		case err != nil && answered == unlocks:
 			err = l.resetFailed(ctx, c, r, err)
+		case err != nil && answered == 0 && errors.As(err, &pgErr) && pgErr.Code == "26000" && !c.Conn().IsClosed():
+			// The lent code emptied the session's prepared statements
+			// (DEALLOCATE ALL, DISCARD ALL), pgx's cached unlock among
+			// them: nothing of the pipeline ran. The simple-protocol
+			// string needs none (its reset then finds the probe gone,
+			// where there is one, and the connection is destroyed).
+			falses = 0
+			err = l.unlockResetString(ctx, c, r, &falses)
 		}
 	}
 	op := opName(kindUnlock, shared)
@@ -686,6 +710,24 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, r *request) 
 func cleanupBound(ctx context.Context, c *pooltx.Conn) context.Context {
 	c.BoundCleanup()
 	return context.WithoutCancel(ctx)
+}
+
+// unlockResetString unlocks r's keys on c and resets the session with one
+// simple-protocol string (keySet.unlockResetSQL), setting *falses to the
+// number of unlocks that answered false. A reset that fails after the
+// unlocks answered is resetFailed's.
+func (l *Locker) unlockResetString(ctx context.Context, c *pooltx.Conn, r *request, falses *int) error {
+	n, answered, err := execUnlockReset(c, r.s.unlockResetSQL(c, r.shared), len(r.s.all) > 1)
+	if err == nil {
+		c.MarkClean() // the whole string ran: the reset included
+	}
+	if answered {
+		*falses = n
+		if err != nil {
+			err = l.resetFailed(ctx, c, r, err)
+		}
+	}
+	return err
 }
 
 // resetFailed handles a reset that failed after every unlock had answered

@@ -229,7 +229,9 @@ func (s *keySet) one(k kind, shared bool, timeout string) (string, []any) {
 // as queue does). Keys are written as numeric literals (strconv, never
 // input text), as pgx's own simple protocol would render them. Being a
 // string of its own, it does not depend on pgx's statement cache, which
-// lent code may have emptied on the server (DEALLOCATE ALL, DISCARD ALL).
+// lent code may have emptied on the server (DEALLOCATE ALL, DISCARD ALL):
+// the several-key unlock, a pipeline of cached statements, falls back to
+// it then.
 func (s *keySet) unlockResetSQL(c *pooltx.Conn, shared bool) string {
 	if len(s.all) > 1 {
 		return s.unlockManyResetSQL(c, shared)
