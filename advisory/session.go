@@ -594,16 +594,21 @@ func (l *Locker) releaseAfterFailure(ctx context.Context, c *pooltx.Conn) {
 		c.MarkDirty(errors.New("advisory: connection closed during lock"))
 		return
 	}
-	cctx := cleanupBound(ctx, c)
-	defer c.EndBound()
 	if !c.Lent() {
-		if _, err := c.Conn().Exec(cctx, "SELECT pg_catalog.pg_advisory_unlock_all()", pgx.QueryExecModeSimpleProtocol); err != nil {
+		// pgconn's simple protocol under the cleanup bound (pgx's would
+		// refuse the statement under standard_conforming_strings off).
+		if n, err := c.ExecBounded("SELECT pg_catalog.pg_advisory_unlock_all()", nil); err != nil || n != 1 {
+			if err == nil {
+				err = errors.New("advisory: pg_advisory_unlock_all did not answer")
+			}
 			c.MarkDirty(&pooltx.CleanupError{Step: "unlock", Err: err})
 			return
 		}
 		c.MarkClean()
 		return
 	}
+	cctx := cleanupBound(ctx, c)
+	defer c.EndBound()
 	_ = c.Reset(cctx) // a failure marks c dirty
 }
 
