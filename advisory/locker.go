@@ -167,7 +167,11 @@ type Options struct {
 	// BeginQuery or a CommitQuery is refused with ErrInvalid before any SQL
 	// is sent: pgx writes the values into BEGIN unquoted, the call's
 	// BEGIN is what its lock relies on, and its COMMIT shares a round trip
-	// with the session's reset. Other calls ignore TxOptions.
+	// with the session's reset. Other calls ignore TxOptions. Under
+	// REPEATABLE READ or SERIALIZABLE the lock statement takes the
+	// transaction's snapshot before it waits (see "Isolation" in the
+	// package doc): IsoLevel pgx.ReadCommitted keeps the callback's reads
+	// current whatever the session's default.
 	TxOptions pgx.TxOptions
 }
 
