@@ -128,3 +128,37 @@ func TestWithLockAllUnlocksAfterTheCallbackEmptiedTheStatementCache(t *testing.T
 		}
 	}
 }
+
+// Review 24: on a pool in pgx's simple protocol, WithLockAll's unlock of
+// several keys went through pgx's batch, which pgx refuses to build once
+// the callback left a client_encoding other than UTF8 or
+// standard_conforming_strings off: a clean callback got an error and the
+// connection was destroyed. There, as for one key, the unlock and the
+// reset go as pooltx's string.
+func TestWithLockAllInTheSimpleProtocolAfterTheCallbackChangedTheEncoding(t *testing.T) {
+	ctx := testCtx(t)
+	for _, set := range []string{"SET client_encoding = 'SJIS'", "SET standard_conforming_strings = off"} {
+		t.Run(set, func(t *testing.T) {
+			cfg := pgtest.Config(t)
+			cfg.MaxConns = 1
+			cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+			pool := pgtest.NewPool(t, cfg)
+			l := newLocker(t, pool, advisory.Config{})
+			ks := []keys.Key{key(t), keys.Pair(pgtest.UniqueInt32(t), 3)}
+			var pid uint32
+			require.NoError(t, l.WithLockAll(ctx, ks, nil, func(ctx context.Context, c *pgx.Conn) error {
+				pid = c.PgConn().PID()
+				_, err := c.Exec(ctx, set)
+				return err
+			}))
+			var next uint32
+			var enc, scs string
+			require.NoError(t, pool.QueryRow(ctx, "SELECT pg_backend_pid(), current_setting('client_encoding'), current_setting('standard_conforming_strings')").Scan(&next, &enc, &scs))
+			assert.Equal(t, pid, next, "reset, not destroyed")
+			assert.Equal(t, [2]string{"UTF8", "on"}, [2]string{enc, scs})
+			for _, k := range ks {
+				assert.True(t, newProbe(t).free(ctx, k, false))
+			}
+		})
+	}
+}

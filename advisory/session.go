@@ -647,9 +647,12 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, r *request) 
 		if err == nil && falses == 0 {
 			c.MarkClean()
 		}
-	case len(s.all) == 1:
-		// One key: one simple-protocol string, "unlock; reset", sent with
-		// pgconn (under pooltx's cleanup bound: no context to watch).
+	case len(s.all) == 1 || c.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol:
+		// One key, or pgx's simple protocol (where a batch is one string
+		// too, which pgx refuses to build under a client_encoding or
+		// standard_conforming_strings the callback left): one
+		// simple-protocol string, "unlock; reset", sent with pgconn (under
+		// pooltx's cleanup bound: no context to watch).
 		err = l.unlockResetString(ctx, c, r, &falses)
 	default:
 		// Several: the unlocks and the reset as one pipeline of pgx's

@@ -151,3 +151,91 @@ func TestResetReadsTheSameWhateverTheClientEncoding(t *testing.T) {
 		}
 	}
 }
+
+// Review 24: in a database whose encoding is not UTF8, pgx's connection
+// runs in that encoding, and the identity names it reads are its bytes:
+// the reset names them as pgx quotes them (the Unicode-escaped form, for
+// UTF-8 names, mapped é to another byte: another role, or none, so that
+// every reset failed and destroyed the connection).
+func TestResetNamesTheIdentityInANonUTF8Database(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	n := pgtest.UniqueInt32(t) & 0xffff
+	db := fmt.Sprintf("pgxlock_latin1_%d", n)
+	role := fmt.Sprintf("pgxlock_ké_%d", n)
+	for _, sql := range []string{
+		"CREATE DATABASE " + pgx.Identifier{db}.Sanitize() + " ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'",
+		"CREATE ROLE " + pgx.Identifier{role}.Sanitize(),
+	} {
+		_, err := admin.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() {
+		p := pgtest.Pool(t)
+		_, _ = p.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
+		_, _ = p.Exec(context.Background(), "DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize())
+	})
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	cfg.ConnConfig.Database = db
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "SET ROLE "+pgx.Identifier{role}.Sanitize())
+		return err
+	}
+	pool := pgtest.NewPool(t, cfg)
+	seen := func() (cur string, pid uint32) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, "SELECT current_user::text, pg_backend_pid()").Scan(&cur, &pid))
+		return cur, pid
+	}
+	want, pid0 := seen()
+	require.Equal(t, role, want)
+	for i := range 2 {
+		require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
+			_, err := c.Conn().Exec(ctx, "RESET ROLE")
+			return err
+		}))
+		cur, pid := seen()
+		assert.Equal(t, want, cur, "after WithConn %d", i)
+		assert.Equal(t, pid0, pid, "reset, not destroyed (%d)", i)
+	}
+}
+
+// Review 24: in an SQL_ASCII database a setting may hold bytes that are
+// not UTF-8; the first pin's read converted every value to UTF-8 and
+// failed there, so that no connection of such a pool could be pinned.
+// Values now travel as their bytes in the database's encoding.
+func TestResetRestoresNonUTF8BytesOfAnSQLASCIIDatabase(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	db := fmt.Sprintf("pgxlock_sqlascii_%d", pgtest.UniqueInt32(t)&0xffff)
+	_, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db}.Sanitize()+" ENCODING 'SQL_ASCII' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pgtest.Pool(t).Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
+	})
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	cfg.ConnConfig.Database = db
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "SET search_path = \"\xe9t\xe9\", public", pgx.QueryExecModeSimpleProtocol)
+		return err
+	}
+	pool := pgtest.NewPool(t, cfg)
+	seen := func() (sp []byte, pid uint32) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, "SELECT pg_catalog.convert_to(current_setting('search_path'), 'SQL_ASCII'), pg_backend_pid()").Scan(&sp, &pid))
+		return sp, pid
+	}
+	want, pid0 := seen()
+	require.Contains(t, string(want), "\xe9t\xe9")
+	for i := range 2 {
+		require.NoError(t, pooltx.WithConn(ctx, pool, nil, func(ctx context.Context, c *pooltx.Conn) error {
+			_, err := c.Conn().Exec(ctx, "SET search_path = public")
+			return err
+		}))
+		got, pid := seen()
+		assert.Equal(t, want, got, "after WithConn %d", i)
+		assert.Equal(t, pid0, pid, "reset, not destroyed (%d)", i)
+	}
+}

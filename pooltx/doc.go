@@ -38,8 +38,14 @@
 // recorded at the connection's first pin, below; and followed, where the
 // session had set settings itself by then, by one SELECT of set_config
 // calls that sets them again). The whole string is ASCII (names outside it
-// are Unicode-escaped identifiers, values the hex of their UTF-8 bytes), so
-// that a client_encoding the lent code left cannot change how it reads.
+// are Unicode-escaped identifiers, values the hex of their bytes), so
+// that a client_encoding the lent code left cannot change how it reads;
+// on a connection whose client_encoding was not UTF8 when its identity was
+// read (pgx asks for UTF8 unless the connection string or the database
+// says otherwise), or to an SQL_ASCII server, names are quoted as the bytes
+// they came in, and a client_encoding the lent code changed can misread
+// them (the reset then fails, and the connection is destroyed, or names
+// another role of the same bytes in that encoding).
 //
 // It restores:
 //
@@ -204,8 +210,13 @@
 //   - Lent code can plant statements that later borrowers run: one
 //     prepared under one of pgx's statement names runs in their queries
 //     (above), one prepared under the probe's name at the start of every
-//     later reset. Lend connections only to code you trust as much as
-//     the pool's other users.
+//     later reset. Where the reset itself goes out as pgx's cached
+//     statements ([Conn.QueueReset], in pgx's default exec mode: advisory's
+//     unlock of several keys after a callback, and WithXactLockBatch),
+//     code that re-prepares those statements' names (found in
+//     pg_prepared_statements) as something else keeps its role, settings
+//     and session locks past the reset. Lend connections only to code you
+//     trust as much as the pool's other users.
 //   - What the session loaded or opened beyond SQL state: a library LOADed
 //     (auto_explain, passwordcheck, plpgsql by any DO block: their
 //     settings exist for later borrowers), connections opened by dblink or

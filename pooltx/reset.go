@@ -47,7 +47,8 @@ const (
 	// statement that restores, after RESET ALL, the settings the session
 	// itself had set by then (source 'session': a SET in pgxpool's
 	// AfterConnect, say), composed by the server (NULL where there are
-	// none). Each value travels as the hex of its UTF-8 bytes, so that the
+	// none). Each value travels as the hex of its bytes in the database's
+	// encoding (not converted: an SQL_ASCII database holds any), so that the
 	// statement is ASCII whatever the value: PostgreSQL reads a reset's
 	// text in the client_encoding the lent code may have left (SJIS, say),
 	// in which a quoted non-ASCII value could read as other characters,
@@ -57,8 +58,8 @@ const (
 	// connection's search_path may hold look-alikes.
 	sqlIdentity = "SELECT session_user::pg_catalog.text, pg_catalog.current_setting('role'), " +
 		"(SELECT 'SELECT ' OPERATOR(pg_catalog.||) pg_catalog.string_agg(pg_catalog.format(" +
-		"'pg_catalog.set_config(%L, pg_catalog.convert_from(pg_catalog.decode(%L, ''hex''), ''UTF8''), false)', " +
-		"s.name, pg_catalog.encode(pg_catalog.convert_to(s.setting, 'UTF8'), 'hex')), ', ' ORDER BY s.name) " +
+		"'pg_catalog.set_config(%L, pg_catalog.convert_from(pg_catalog.decode(%L, ''hex''), %L), false)', " +
+		"s.name, pg_catalog.encode(pg_catalog.convert_to(s.setting, pg_catalog.getdatabaseencoding()), 'hex'), pg_catalog.getdatabaseencoding()), ', ' ORDER BY s.name) " +
 		"FROM pg_catalog.pg_settings s WHERE s.source OPERATOR(pg_catalog.=) 'session' " +
 		"AND s.name OPERATOR(pg_catalog.<>) ALL ('{transaction_isolation,transaction_read_only,transaction_deferrable}'::pg_catalog.text[]))"
 	// The probe: a statement prepared once per connection (see Conn.Lend).
@@ -157,18 +158,22 @@ func (c *Conn) base() *baseline {
 // had set itself (see sqlIdentity); it runs last, so that none of them
 // applies to the statements of the reset it ends (later resets run under
 // them: see the package doc).
-func newBaseline(probe bool, login, sessionUser, role, restore string) *baseline {
+func newBaseline(probe, escape bool, login, sessionUser, role, restore string) *baseline {
+	ident := asciiIdent
+	if !escape {
+		ident = func(name string) string { return pgx.Identifier{name}.Sanitize() }
+	}
 	b := &baseline{probe: probe, stmts: append([]string(nil), resetStatements[:]...)}
 	if restore != "" {
 		b.stmts = append(b.stmts, restore)
 	}
 	if sessionUser != login {
-		b.stmts[0] = "SET SESSION AUTHORIZATION " + asciiIdent(sessionUser)
+		b.stmts[0] = "SET SESSION AUTHORIZATION " + ident(sessionUser)
 	}
 	if role == "none" {
 		b.stmts[1] = "SET ROLE NONE"
 	} else {
-		b.stmts[1] = "SET ROLE " + asciiIdent(role)
+		b.stmts[1] = "SET ROLE " + ident(role)
 	}
 	var sb strings.Builder
 	if probe {
@@ -184,11 +189,13 @@ func newBaseline(probe bool, login, sessionUser, role, restore string) *baseline
 	return b
 }
 
-// asciiIdent quotes name as an SQL identifier in ASCII alone: as pgx
-// quotes it where it is ASCII, else as a Unicode-escaped identifier
+// asciiIdent quotes name, UTF-8, as an SQL identifier in ASCII alone: as
+// pgx quotes it where it is ASCII, else as a Unicode-escaped identifier
 // (U&"R\00F4le"), so that the reset reads the same whatever
 // client_encoding the lent code left (PostgreSQL reads a statement's text
-// in it: a non-ASCII name could read as other characters).
+// in it: a non-ASCII name could read as other characters). It serves
+// connections whose client_encoding was UTF8 when the name was read, on a
+// server that is not SQL_ASCII (see readBaseline).
 func asciiIdent(name string) string {
 	ascii := true
 	for i := 0; i < len(name); i++ {
@@ -334,7 +341,14 @@ func (c *Conn) readBaseline(within time.Duration) error {
 	if err != nil {
 		return err
 	}
-	st.base = newBaseline(probe, cfg.User, sessionUser, role, restore)
+	// The names came in the connection's client_encoding: escaped as
+	// Unicode only where that is UTF8 (as pgx asks unless the connection
+	// string says otherwise) and the server can map code points (not
+	// SQL_ASCII); elsewhere they are quoted as the bytes they are.
+	pg := c.conn.PgConn()
+	escape := strings.EqualFold(pg.ParameterStatus("client_encoding"), "UTF8") &&
+		!strings.EqualFold(pg.ParameterStatus("server_encoding"), "SQL_ASCII")
+	st.base = newBaseline(probe, escape, cfg.User, sessionUser, role, restore)
 	c.unknownIdentity = false // recorded now: an earlier lend inside a transaction was quiet
 	return nil
 }
@@ -421,7 +435,11 @@ func (c *Conn) Reset(ctx context.Context) error {
 // QueueReset adds the statements of [Conn.Reset] to b, for a caller whose
 // own last statements (an unlock, say) go out in the same round trip. c
 // counts as clean once b's results have been read without error; nothing
-// else may run on c between b and Release.
+// else may run on c between b and Release. In pgx's statement-cache mode
+// the statements run as pgx's cached prepared statements, which lent code
+// can re-prepare as something else (see the package doc's list of what
+// the reset does not undo); [Conn.AppendReset]'s simple-protocol string
+// cannot be replaced so.
 func (c *Conn) QueueReset(b *pgx.Batch) {
 	base := c.base()
 	if base.probe {
