@@ -227,10 +227,10 @@
 //     once assigned (DISCARD TEMP empties it; pg_my_temp_schema() stays
 //     set). Work that uses them must undo them itself, or make the
 //     connection go (pgxpool's Conn.Hijack, or an error that destroys it).
-//   - State AfterConnect created other than identity: a SET (above), and
-//     a temporary table or LISTEN it made are gone after the first reset,
-//     as after DISCARD ALL; create such state per use, not per
-//     connection.
+//   - State AfterConnect created other than identity and settings (both
+//     restored, above, but for a custom setting): a temporary table or
+//     LISTEN it made is gone after the first reset, as after DISCARD ALL;
+//     create such state per use, not per connection.
 //   - State of the *pgx.Conn on the client: types registered on its
 //     TypeMap, its PgConn's CustomData, options set on its socket.
 //     Register types in pgxpool's AfterConnect, for every connection
