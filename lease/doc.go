@@ -155,6 +155,14 @@
 // "Time is the database's"); a transaction left
 // aborted is rolled back, or its connection destroyed (package pooltx).
 // Migrate, which runs DDL, is the one exception (see [Manager.Migrate]).
+// One default reaches outside the frame: in pgx's default exec mode a
+// connection's first use of a statement prepares it before the
+// transaction, under the session's defaults, and with
+// default_transaction_isolation serializable, default_transaction_read_only
+// and default_transaction_deferrable all set, that preparation waits for a
+// safe snapshot (while a serializable read-write transaction runs), which
+// neither TryLockTimeout nor the frame bounds; only the context does. Use
+// pgx's QueryExecModeExec on such a pool, or other defaults.
 //
 // # Durability
 //
