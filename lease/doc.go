@@ -157,12 +157,15 @@
 // Migrate, which runs DDL, is the one exception (see [Manager.Migrate]).
 // One default reaches outside the frame: in pgx's default exec mode a
 // connection's first use of a statement prepares it before the
-// transaction, under the session's defaults, and with
+// transaction, under the session's defaults; with
 // default_transaction_isolation serializable, default_transaction_read_only
-// and default_transaction_deferrable all set, that preparation waits for a
-// safe snapshot (while a serializable read-write transaction runs), which
-// neither TryLockTimeout nor the frame bounds; only the context does. Use
-// pgx's QueryExecModeExec on such a pool, or other defaults.
+// and default_transaction_deferrable all set, that can wait for a safe
+// snapshot while a serializable read-write transaction runs, which
+// TryLockTimeout does not bound: the call ends with its context's error,
+// not ErrNotAcquired, and may outlast the context's deadline (by 5 s in
+// the test of this, TestTryAcquireUnderDeferrableDefaults). Use pgx's
+// QueryExecModeExec on such a pool (there the same call took the free
+// lease at once), or other defaults.
 //
 // # Durability
 //
