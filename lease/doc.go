@@ -162,10 +162,8 @@
 // and default_transaction_deferrable all set, that can wait for a safe
 // snapshot while a serializable read-write transaction runs, which
 // TryLockTimeout does not bound: the call ends with its context's error,
-// not ErrNotAcquired, and may outlast the context's deadline (by 5 s in
-// the test of this, TestTryAcquireUnderDeferrableDefaults). Use pgx's
-// QueryExecModeExec on such a pool (there the same call took the free
-// lease at once), or other defaults.
+// not ErrNotAcquired. Set those defaults per transaction rather than for
+// the pool's sessions.
 //
 // # Durability
 //
