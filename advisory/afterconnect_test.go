@@ -27,10 +27,7 @@ func TestAfterConnectSettingsSurviveTheLibrary(t *testing.T) {
 	schema := pgtest.Schema(t, admin)
 	cfg := pgtest.Config(t)
 	cfg.MaxConns = 1
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, "SET search_path = "+pgx.Identifier{schema}.Sanitize()+"; SET work_mem = '9MB'", pgx.QueryExecModeSimpleProtocol)
-		return err
-	}
+	pgtest.SetOnConnect(cfg, "SET search_path = "+pgx.Identifier{schema}.Sanitize(), "SET work_mem = '9MB'")
 	pool := pgtest.NewPool(t, cfg)
 	l := newLocker(t, pool, advisory.Config{})
 	seen := func() [2]string {
@@ -87,10 +84,7 @@ func TestAFailedProxyCheckKeepsAfterConnectSettings(t *testing.T) {
 				cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 				connect += "; SET standard_conforming_strings = off"
 			}
-			cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-				_, err := c.Exec(ctx, connect, pgx.QueryExecModeSimpleProtocol)
-				return err
-			}
+			pgtest.SetOnConnect(cfg, connect)
 			pool := pgtest.NewPool(t, cfg)
 			seen := func() (string, uint32) {
 				t.Helper()

@@ -137,6 +137,9 @@ const (
 	codeDeadlock         = "40P01"
 	codeOutOfMemory      = "53200"
 	codeQueryCanceled    = "57014"
+	// codeNoPreparedStatement: a prepared statement is gone (DEALLOCATE
+	// ALL); not a sentinel, see unlockSession.
+	codeNoPreparedStatement = "26000"
 )
 
 // statementTimeoutMsg is what PostgreSQL says (lc_messages in English)

@@ -676,8 +676,9 @@ func (l *Locker) unlockSession(ctx context.Context, c *pooltx.Conn, r *request) 
 		var pgErr *pgconn.PgError
 		switch {
 		case err != nil && answered == unlocks:
-			err = l.resetFailed(ctx, c, r, err)
-		case err != nil && answered == 0 && errors.As(err, &pgErr) && pgErr.Code == "26000" && !c.Conn().IsClosed():
+			l.resetFailed(ctx, c, r, err)
+			err = nil
+		case err != nil && answered == 0 && errors.As(err, &pgErr) && pgErr.Code == codeNoPreparedStatement && !c.Conn().IsClosed():
 			// The lent code emptied the session's prepared statements
 			// (DEALLOCATE ALL, DISCARD ALL), pgx's cached unlock among
 			// them: nothing of the pipeline ran. The simple-protocol
@@ -732,7 +733,8 @@ func (l *Locker) unlockResetString(ctx context.Context, c *pooltx.Conn, r *reque
 	if answered {
 		*falses = n
 		if err != nil {
-			err = l.resetFailed(ctx, c, r, err)
+			l.resetFailed(ctx, c, r, err)
+			err = nil
 		}
 	}
 	return err
@@ -745,14 +747,13 @@ func (l *Locker) unlockResetString(ctx context.Context, c *pooltx.Conn, r *reque
 // answers still make ErrNotHeld), so the call's outcome is fn's, as with
 // the reset after WithXactLock's COMMIT or pooltx.WithConn's work. The
 // connection is destroyed, and the failure logged at Warn as a failed
-// cleanup. It returns nil.
-func (l *Locker) resetFailed(ctx context.Context, c *pooltx.Conn, r *request, err error) error {
+// cleanup; the caller drops err.
+func (l *Locker) resetFailed(ctx context.Context, c *pooltx.Conn, r *request, err error) {
 	cerr := &pooltx.CleanupError{Step: "reset", Err: err}
 	c.MarkDirty(cerr)
 	if l.log.Enabled(ctx, slog.LevelWarn) {
 		l.log.WarnContext(ctx, "advisory: reset after unlock failed; connection destroyed", "keys", keyStrings(r.s.all), "err", cerr)
 	}
-	return nil
 }
 
 // execUnlockReset runs the string of keySet.unlockResetSQL on c, bounded

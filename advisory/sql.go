@@ -264,7 +264,7 @@ func (s *keySet) unlockManyResetSQL(c *pooltx.Conn, shared bool) string {
 	if shared {
 		fn += "_shared"
 	}
-	b := make([]byte, 0, 160+24*len(s.all)+len(c.AppendReset(nil)))
+	b := make([]byte, 0, 160+24*len(s.all)+512) // the reset: about 200 bytes, more with restored settings
 	b = append(b, "SELECT 0"...)
 	if len(s.as) > 0 {
 		b = append(b, " OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM (VALUES "...)

@@ -1,7 +1,6 @@
 package lease_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -25,10 +24,7 @@ func TestManagerFollowsASearchPathSetInAfterConnect(t *testing.T) {
 	schema := pgtest.Schema(t, admin)
 	cfg := pgtest.Config(t)
 	cfg.MaxConns = 1
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, "SET search_path = "+pgx.Identifier{schema}.Sanitize())
-		return err
-	}
+	pgtest.SetOnConnect(cfg, "SET search_path = "+pgx.Identifier{schema}.Sanitize())
 	pool := pgtest.NewPool(t, cfg)
 	m, err := lease.NewManager(pool, lease.ManagerConfig{TTL: time.Minute})
 	require.NoError(t, err)

@@ -3,9 +3,11 @@ package pooltx_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -45,14 +47,7 @@ func TestResetRestoresSettingsAfterConnectSet(t *testing.T) {
 				cfg := pgtest.Config(t)
 				cfg.MaxConns = 1
 				cfg.ConnConfig.DefaultQueryExecMode = mode
-				cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-					for _, sql := range connect {
-						if _, err := c.Exec(ctx, sql); err != nil {
-							return err
-						}
-					}
-					return nil
-				}
+				pgtest.SetOnConnect(cfg, connect...)
 				pool := pgtest.NewPool(t, cfg)
 				seen := func() [6]string {
 					t.Helper()
@@ -112,22 +107,15 @@ func TestResetReadsTheSameWhateverTheClientEncoding(t *testing.T) {
 					cfg := pgtest.Config(t)
 					cfg.MaxConns = 1
 					cfg.ConnConfig.DefaultQueryExecMode = mode
-					cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-						stmts := []string{
-							"SET search_path = " + pgx.Identifier{odd}.Sanitize() + ", public",
-							"SET application_name = 'a\\b''c'",
-							connectRole + pgx.Identifier{role}.Sanitize(),
-						}
-						if deferrable {
-							stmts = append(stmts, "SET transaction_deferrable = off")
-						}
-						for _, sql := range stmts {
-							if _, err := c.Exec(ctx, sql); err != nil {
-								return fmt.Errorf("%s: %w", sql, err)
-							}
-						}
-						return nil
+					stmts := []string{
+						"SET search_path = " + pgx.Identifier{odd}.Sanitize() + ", public",
+						"SET application_name = 'a\\b''c'",
+						connectRole + pgx.Identifier{role}.Sanitize(),
 					}
+					if deferrable {
+						stmts = append(stmts, "SET transaction_deferrable = off")
+					}
+					pgtest.SetOnConnect(cfg, stmts...)
 					pool := pgtest.NewPool(t, cfg)
 					seen := func() (v [4]string, pid uint32) {
 						t.Helper()
@@ -160,28 +148,14 @@ func TestResetReadsTheSameWhateverTheClientEncoding(t *testing.T) {
 func TestResetNamesTheIdentityInANonUTF8Database(t *testing.T) {
 	ctx := testCtx(t)
 	admin := pgtest.Pool(t)
-	n := pgtest.UniqueInt32(t) & 0xffff
-	db := fmt.Sprintf("pgxlock_latin1_%d", n)
-	role := fmt.Sprintf("pgxlock_ké_%d", n)
-	for _, sql := range []string{
-		"CREATE DATABASE " + pgx.Identifier{db}.Sanitize() + " ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'",
-		"CREATE ROLE " + pgx.Identifier{role}.Sanitize(),
-	} {
-		_, err := admin.Exec(ctx, sql)
-		require.NoError(t, err)
-	}
+	role := fmt.Sprintf("pgxlock_ké_%d", pgtest.UniqueInt32(t)&0xffff)
+	_, err := admin.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize())
+	require.NoError(t, err)
 	t.Cleanup(func() {
-		p := pgtest.Pool(t)
-		_, _ = p.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
-		_, _ = p.Exec(context.Background(), "DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize())
+		_, _ = pgtest.Pool(t).Exec(context.Background(), "DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize())
 	})
-	cfg := pgtest.Config(t)
-	cfg.MaxConns = 1
-	cfg.ConnConfig.Database = db
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, "SET ROLE "+pgx.Identifier{role}.Sanitize())
-		return err
-	}
+	cfg := encodedDatabase(ctx, t, "LATIN1")
+	pgtest.SetOnConnect(cfg, "SET ROLE "+pgx.Identifier{role}.Sanitize())
 	pool := pgtest.NewPool(t, cfg)
 	seen := func() (cur string, pid uint32) {
 		t.Helper()
@@ -207,20 +181,8 @@ func TestResetNamesTheIdentityInANonUTF8Database(t *testing.T) {
 // Values now travel as their bytes in the database's encoding.
 func TestResetRestoresNonUTF8BytesOfAnSQLASCIIDatabase(t *testing.T) {
 	ctx := testCtx(t)
-	admin := pgtest.Pool(t)
-	db := fmt.Sprintf("pgxlock_sqlascii_%d", pgtest.UniqueInt32(t)&0xffff)
-	_, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db}.Sanitize()+" ENCODING 'SQL_ASCII' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = pgtest.Pool(t).Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
-	})
-	cfg := pgtest.Config(t)
-	cfg.MaxConns = 1
-	cfg.ConnConfig.Database = db
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, "SET search_path = \"\xe9t\xe9\", public", pgx.QueryExecModeSimpleProtocol)
-		return err
-	}
+	cfg := encodedDatabase(ctx, t, "SQL_ASCII")
+	pgtest.SetOnConnect(cfg, "SET search_path = \"\xe9t\xe9\", public")
 	pool := pgtest.NewPool(t, cfg)
 	seen := func() (sp []byte, pid uint32) {
 		t.Helper()
@@ -238,4 +200,22 @@ func TestResetRestoresNonUTF8BytesOfAnSQLASCIIDatabase(t *testing.T) {
 		assert.Equal(t, want, got, "after WithConn %d", i)
 		assert.Equal(t, pid0, pid, "reset, not destroyed (%d)", i)
 	}
+}
+
+// encodedDatabase creates a database of the given encoding (C locale),
+// dropped at cleanup, and returns the configuration of a pool of one
+// connection to it.
+func encodedDatabase(ctx context.Context, t *testing.T, encoding string) *pgxpool.Config {
+	t.Helper()
+	db := fmt.Sprintf("pgxlock_%s_%d", strings.ToLower(encoding), pgtest.UniqueInt32(t)&0xffff)
+	_, err := pgtest.Pool(t).Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db}.Sanitize()+
+		" ENCODING '"+encoding+"' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'") // encoding: a constant of the caller
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pgtest.Pool(t).Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
+	})
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	cfg.ConnConfig.Database = db
+	return cfg
 }

@@ -125,9 +125,10 @@ type baseline struct {
 	stmts []string // the reset one by one, for QueueReset (the probe goes before them)
 }
 
-// defaultBaseline serves a connection whose identity could not be recorded
-// (first lent inside a transaction, with ConnOptions.DeferIdentity): the
-// reset names no identity (RESET SESSION AUTHORIZATION, RESET ROLE).
+// defaultBaseline serves a connection with no baseline and no
+// DeferIdentity, which Acquire does not hand out (its failed read destroys
+// the connection): ResetSQL, naming no identity (RESET SESSION
+// AUTHORIZATION, RESET ROLE).
 var defaultBaseline = &baseline{reset: resetSQL, stmts: resetStatements[:]}
 
 // sameIdentityBaseline serves a connection pinned with

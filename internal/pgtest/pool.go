@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +48,21 @@ func Config(t testing.TB) *pgxpool.Config {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
 	return cfg
+}
+
+// SetOnConnect makes cfg's AfterConnect run stmts, in order, each in the
+// simple protocol (so that a statement's own settings, such as
+// standard_conforming_strings, do not stop the next), as a pool's set-up
+// of a session would: the state the library's resets must keep.
+func SetOnConnect(cfg *pgxpool.Config, stmts ...string) {
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		for _, sql := range stmts {
+			if _, err := c.Exec(ctx, sql, pgx.QueryExecModeSimpleProtocol); err != nil {
+				return fmt.Errorf("%s: %w", sql, err)
+			}
+		}
+		return nil
+	}
 }
 
 // NewPool creates a pool from cfg (nil means [Config](t)) and checks that it connects,
