@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,7 +33,11 @@ type ColumnConfig struct {
 	// column that rounds now() (timestamptz(0) rounds to the second) is
 	// judged with half a unit of its precision added to the TTL, read from
 	// the catalog by every statement (see the package documentation).
-	// Default "locked_at".
+	// A column of another type (a date truncates now() to the day, so every
+	// lease would look expired) is refused: by Migrate, and by a Column's
+	// acquisitions, which check the type, through any domains, until they
+	// have seen it right once (a column altered to another type after that
+	// is not seen). Default "locked_at".
 	LockedAtColumn string
 	// OwnerColumn is a nullable text or uuid column holding the random token
 	// of the current acquisition. Release and Renew only touch a row whose
@@ -68,6 +73,8 @@ type Column struct {
 	ttl            time.Duration
 	releaseTimeout time.Duration
 	acquireSQL     string
+	checkedSQL     string      // acquireSQL that also checks the locked-at column's type (see checkedAcquireSQL)
+	typeChecked    atomic.Bool // checkedSQL saw a timestamptz or timestamp locked-at column
 	renewSQL       string
 	releaseSQL     string
 	giveBackSQL    string
@@ -96,6 +103,40 @@ WITH claimed AS (
 	RETURNING {fence} AS token
 )
 SELECT (SELECT token FROM claimed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
+
+	// checkedAcquireSQL is the compare-and-swap that also reads the
+	// locked-at column's type ($4 table, $5 column, as for the pad) through
+	// any domains to its base type, and claims nothing unless it is
+	// timestamptz or timestamp: a date column, say, truncates now() to the
+	// day, so a lease taken a second ago would look a day old and every
+	// acquirer would win. Migrate refuses such a column, but a table need
+	// not have been through Migrate (ColumnDDL, your own migrations), so a
+	// Column's first acquisitions run this form, one statement as ever,
+	// until it has seen the type is right once; the later ones run
+	// columnAcquireSQL. The last two output columns are the base type's
+	// name and whether it is one of the two (both NULL when the column is
+	// not in the catalog, in which case the UPDATE itself fails).
+	checkedAcquireSQL = `
+WITH RECURSIVE d(oid, typtype, base) AS (
+	SELECT ty.oid, ty.typtype, ty.typbasetype
+	FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON ty.oid OPERATOR(pg_catalog.=) a.atttypid
+	WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($4) AND a.attname OPERATOR(pg_catalog.=) $5::pg_catalog.name
+		AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+	UNION ALL
+	SELECT b.oid, b.typtype, b.typbasetype FROM pg_catalog.pg_type b JOIN d ON b.oid OPERATOR(pg_catalog.=) d.base
+	WHERE d.typtype OPERATOR(pg_catalog.=) 'd'
+), lat(name, ok) AS (
+	SELECT pg_catalog.format_type(oid, NULL),
+		oid OPERATOR(pg_catalog.=) 'pg_catalog.timestamptz'::pg_catalog.regtype::pg_catalog.oid
+		OR oid OPERATOR(pg_catalog.=) 'pg_catalog.timestamp'::pg_catalog.regtype::pg_catalog.oid
+	FROM d WHERE typtype OPERATOR(pg_catalog.<>) 'd'
+), claimed AS (
+	UPDATE {t} SET {at} = pg_catalog.now(), {by} = $2, {fence} = {next_fence}
+	WHERE {id} = $1 AND ({at} IS NULL OR {at} OPERATOR(pg_catalog.<) (pg_catalog.now() - $3::interval - {pad}))
+		AND coalesce((SELECT ok FROM lat), false)
+	RETURNING {fence} AS token
+)
+SELECT (SELECT token FROM claimed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1), (SELECT name FROM lat), (SELECT ok FROM lat)`
 
 	// A lease past its TTL cannot be renewed even if nobody has taken it:
 	// its holder already stopped trusting it (see Do), and reviving it would
@@ -226,6 +267,7 @@ func NewColumn(pool *pgxpool.Pool, cfg ColumnConfig) (*Column, error) {
 		ttl:            cfg.TTL,
 		releaseTimeout: cfg.ReleaseTimeout,
 		acquireSQL:     r.Replace(columnAcquireSQL),
+		checkedSQL:     r.Replace(checkedAcquireSQL),
 		renewSQL:       r.Replace(columnRenewSQL),
 		releaseSQL:     r.Replace(columnReleaseSQL),
 		giveBackSQL:    r.Replace(columnGiveBackSQL),
@@ -247,7 +289,9 @@ func (c *Column) TTL() time.Duration { return c.ttl }
 //
 // ctx governs the one round trip. It returns ErrNotAcquired when another
 // holder's lease is live or the row is locked past TryLockTimeout,
-// ErrNotFound when no row has this id, ErrInvalid for a nil or typed-nil id
+// ErrNotFound when no row has this id, ErrInvalid (claiming nothing) for a
+// locked-at column that is not timestamptz or timestamp (see ColumnConfig),
+// ErrInvalid for a nil or typed-nil id
 // and for a string-like id (a string or named string type, a []byte, or a
 // pointer to one of them) with a NUL byte or invalid UTF-8 or longer than
 // MaxResourceLen (a []byte id is checked as text). If the statement's
@@ -265,11 +309,27 @@ func (c *Column) TryAcquire(ctx context.Context, id any) (*ColumnLease, error) {
 	l.started = time.Now()
 	var token *int64
 	var exists bool
+	var typName *string
+	var typOK *bool
+	checking := !c.typeChecked.Load()
 	err := exec(ctx, c.pool, c.releaseTimeout, waitTry, func(b *pgx.Batch) {
+		if checking {
+			b.Queue(c.checkedSQL, id, l.owner, c.ttl, c.table, c.lockedAt).QueryRow(func(row pgx.Row) error {
+				return row.Scan(&token, &exists, &typName, &typOK)
+			})
+			return
+		}
 		b.Queue(c.acquireSQL, id, l.owner, c.ttl, c.table, c.lockedAt).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&token, &exists)
 		})
 	})
+	if checking && err == nil && typOK != nil {
+		if !*typOK {
+			return nil, opError(op, l.Resource(), fmt.Errorf("%w: locked-at column %s is %s, not timestamptz or timestamp",
+				ErrInvalid, quote(c.lockedAt), *typName))
+		}
+		c.typeChecked.Store(true)
+	}
 	switch {
 	case isLockTimeout(err): // the row is locked by a transaction: busy
 		return nil, opError(op, l.Resource(), errors.Join(ErrNotAcquired, err))

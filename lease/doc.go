@@ -250,12 +250,34 @@
 // closes before TTL, always closes before a takeover.
 // TestOneHolderOnEveryTimestampPrecision checks it on a ledger of the
 // statements' now() for precisions 0-6 of both types. The lock-manager
-// table stores expires_at per lease, so TTLs may differ per call.
+// table stores expires_at per lease, so TTLs may differ per call; its time
+// columns must be timestamptz of full precision, as Migrate creates them, and
+// Migrate refuses (ErrInvalid) tables whose time columns were altered to
+// another type or precision. A column lease's locked-at column of another
+// type than timestamptz or timestamp (a date) is refused by Migrate and by
+// TryAcquire (see ColumnConfig.LockedAtColumn).
 //
 // Every TTL must be at least [MinTTL] (100ms); a shorter one is
 // [ErrInvalid]. PostgreSQL truncates intervals below a microsecond to zero,
 // so a TTL in the wrong unit (30, meaning 30ns) would otherwise give no
 // exclusion at all.
+//
+// # Row-level security
+//
+// The lock manager decides from every holder row of a resource, so a
+// row-level security policy on its tables would have each role decide from
+// the rows the policy shows it: under a policy that shows each role its own
+// rows, two roles could both hold a resource exclusively. Every
+// lock-manager statement except List and ListIntents therefore runs with
+// row_security = off for its transaction: where a policy would filter it,
+// it fails with SQLSTATE 42501 (a *Error wrapping the *pgconn.PgError) and
+// changes nothing. Roles that bypass row security (the tables' owner when
+// FORCE ROW LEVEL SECURITY is not set, superusers, BYPASSRLS roles) are
+// unaffected. List and ListIntents, read-only inspections, show what the
+// policies let the caller see. Column leases keep row security: each
+// statement matches one row by its key, and a row a policy hides from the
+// caller is reported as not found (ErrNotFound), never taken. [Fence.Update]
+// runs in your transaction, under your session's row_security.
 //
 // # Choosing the TTL
 //

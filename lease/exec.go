@@ -77,8 +77,13 @@ const (
 	commitSQL  = "COMMIT"
 )
 
-// frameTrySQL is frameSQL plus lock_timeout = TryLockTimeout.
-var frameTrySQL = fmt.Sprintf("%s, pg_catalog.set_config('lock_timeout', '%dms', true)", frameSQL, TryLockTimeout.Milliseconds())
+// frameTrySQL is frameSQL plus lock_timeout = TryLockTimeout; the manager
+// forms add row_security = off (see managerTables).
+var (
+	frameTrySQL        = fmt.Sprintf("%s, pg_catalog.set_config('lock_timeout', '%dms', true)", frameSQL, TryLockTimeout.Milliseconds())
+	frameManagerSQL    = frameSQL + rowSecurityOffSQL
+	frameManagerTrySQL = frameTrySQL + rowSecurityOffSQL
+)
 
 // utf8SQL sets client_encoding to UTF8 for the transaction only. pgx sends
 // every string as UTF-8 and reads every one as UTF-8, but does not set
@@ -95,13 +100,30 @@ const utf8SQL = "SELECT pg_catalog.set_config('client_encoding', 'UTF8', true)"
 // than UTF8, from its last ParameterStatus (no round trip).
 func needsUTF8(pg *pgconn.PgConn) bool { return pg.ParameterStatus("client_encoding") != "UTF8" }
 
-// wait is how long a lease statement may wait for a row lock.
-type wait bool
+// wait says how long a lease statement may wait for a row lock, and
+// whether the statements read the lock-manager tables (managerTables).
+type wait uint8
 
 const (
-	waitCtx wait = false // as long as ctx allows (and the session's lock_timeout)
-	waitTry wait = true  // TryLockTimeout, then 55P03
+	waitCtx wait = 0      // as long as ctx allows (and the session's lock_timeout)
+	waitTry wait = 1 << 0 // TryLockTimeout, then 55P03
+
+	// managerTables adds row_security = off to the frame, for the
+	// transaction only: the lock manager decides from every holder row of
+	// a resource, and a row-level security policy on its tables (one that
+	// shows each role its own rows, say) would have each role decide from
+	// the rows it may see, so two roles could both hold a resource
+	// exclusively. With row_security off, a statement that a policy would
+	// filter fails with 42501 instead; roles that bypass row security (the
+	// tables' owner without FORCE ROW LEVEL SECURITY, superusers,
+	// BYPASSRLS) are not affected. Column leases and fences keep row
+	// security: their statements match one row by its key, and a row a
+	// policy hides is one the caller may not lease.
+	managerTables wait = 1 << 1
 )
+
+// rowSecurityOffSQL is managerTables' addition to the frame.
+const rowSecurityOffSQL = ", pg_catalog.set_config('row_security', 'off', true)"
 
 // exec runs the statements queue adds as one transaction, in one round trip:
 //
@@ -151,10 +173,15 @@ func execOnce(ctx context.Context, pool *pgxpool.Pool, cleanup time.Duration, w 
 	if needsUTF8(c.Conn().PgConn()) {
 		b.Queue(utf8SQL) // before any statement with text: the server converts each Bind as it comes
 	}
-	if w == waitTry {
-		b.Queue(frameTrySQL)
-	} else {
+	switch w {
+	case waitCtx:
 		b.Queue(frameSQL)
+	case waitTry:
+		b.Queue(frameTrySQL)
+	case managerTables:
+		b.Queue(frameManagerSQL)
+	case managerTables | waitTry:
+		b.Queue(frameManagerTrySQL)
 	}
 	queue(b)
 	b.Queue(commitSQL)

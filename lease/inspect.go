@@ -48,7 +48,7 @@ func (m *Manager) Sweep(ctx context.Context) (int64, error) {
 // COMMITTED transaction (see exec).
 func (m *Manager) count(ctx context.Context, sql string, args ...any) (int64, error) {
 	var n int64
-	err := exec(ctx, m.pool, m.releaseTimeout, waitCtx, func(b *pgx.Batch) {
+	err := exec(ctx, m.pool, m.releaseTimeout, waitCtx|managerTables, func(b *pgx.Batch) {
 		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&n) })
 	})
 	return n, err

@@ -148,7 +148,7 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 	var expiry *time.Time
 	var mode string
 	renew := func(match any) error {
-		return exec(ctx, l.m.pool, l.m.releaseTimeout, waitCtx, func(b *pgx.Batch) {
+		return exec(ctx, l.m.pool, l.m.releaseTimeout, waitCtx|managerTables, func(b *pgx.Batch) {
 			b.Queue(l.m.q.renew, l.resource, l.token, l.id, l.ttl, match).QueryRow(func(row pgx.Row) error {
 				if err := row.Scan(&expiry, &mode); !errors.Is(err, pgx.ErrNoRows) {
 					return err
@@ -190,7 +190,7 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 func (l *Lease) Release(ctx context.Context) error {
 	var n int64
 	release := func(match any) error {
-		return exec(ctx, l.m.pool, l.m.releaseTimeout, waitCtx, func(b *pgx.Batch) {
+		return exec(ctx, l.m.pool, l.m.releaseTimeout, waitCtx|managerTables, func(b *pgx.Batch) {
 			b.Queue(l.m.q.release, l.resource, l.token, l.id, l.m.channel, match).QueryRow(func(row pgx.Row) error {
 				return row.Scan(&n)
 			})
@@ -264,7 +264,7 @@ func (l *Lease) TryUpgrade(ctx context.Context) error {
 	l.mu.Unlock()
 	var expiry *time.Time
 	var mine bool
-	err := exec(ctx, l.m.pool, l.m.releaseTimeout, waitTry, func(b *pgx.Batch) {
+	err := exec(ctx, l.m.pool, l.m.releaseTimeout, waitTry|managerTables, func(b *pgx.Batch) {
 		b.Queue(l.m.q.lockResource, l.resource)
 		b.Queue(l.m.q.upgrade, l.resource, l.token, l.id, l.ttl, unsure).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&expiry, &mine)

@@ -333,7 +333,7 @@ func (m *Manager) attempt(ctx context.Context, req *request) (*Lease, time.Durat
 		acquiredAt, expiry *time.Time
 		retryAfter         *float64
 	)
-	err := exec(ctx, m.pool, m.releaseTimeout, req.wait, func(b *pgx.Batch) {
+	err := exec(ctx, m.pool, m.releaseTimeout, req.wait|managerTables, func(b *pgx.Batch) {
 		b.Queue(m.q.lockResource, req.resource)
 		b.Queue(m.q.acquire, req.resource, req.mode.String(), req.leaseID, req.owner, req.ttl,
 			req.metadata, intent, m.intentTTL()).QueryRow(func(row pgx.Row) error {
@@ -383,7 +383,7 @@ func (m *Manager) giveBack(gctx context.Context, req *request) {
 	if req.intent != "" {
 		intent = req.intent
 	}
-	_ = exec(gctx, m.pool, m.releaseTimeout, waitCtx, func(b *pgx.Batch) {
+	_ = exec(gctx, m.pool, m.releaseTimeout, waitCtx|managerTables, func(b *pgx.Batch) {
 		b.Queue(m.q.lockResource, req.resource)
 		b.Queue(m.q.giveBack, req.resource, req.leaseID, intent, m.channel)
 	})

@@ -39,15 +39,57 @@ const MigrateLockTimeout = 5 * time.Second
 
 // Migrate creates the lock-manager tables and indexes if they do not exist.
 // It first reads the catalog, without locking anything: on an up-to-date
-// schema it returns there, so running it at every start-up never stops lease
-// traffic. Otherwise it runs the DDL in one transaction, serialised with
+// schema it runs no DDL and takes no lock (one more catalog read follows,
+// below), so running it at every start-up never stops lease traffic. Otherwise it runs the DDL in one transaction, serialised with
 // concurrent migrations, each table lock bounded by MigrateLockTimeout. It
 // does not create the schema. It is idempotent and safe to run concurrently
 // from several processes. ctx governs the whole call; on any error the
 // transaction rolls back.
+//
+// It then checks the types of the tables' three time columns (the holders'
+// acquired_at and expires_at, the resources' writer_intent_until): a table
+// made or altered by hand whose column is not timestamptz of full precision
+// (timestamptz(0), say, rounds a lease's expiry by up to half a second, so
+// it could be taken over before its holder's trust window closed; a
+// timestamp without time zone reads it in the session's TimeZone) is
+// refused with ErrInvalid, naming the column and its type.
 func (m *Manager) Migrate(ctx context.Context) error {
-	return opError("migrate", "", migrate(ctx, m.pool, m.q.schema, m.q.upToDate, m.q.upToDateArgs...))
+	if err := migrate(ctx, m.pool, m.q.schema, m.q.upToDate, m.q.upToDateArgs...); err != nil {
+		return opError("migrate", "", err)
+	}
+	rows, err := m.pool.Query(ctx, managerTimeColumnsSQL, m.holders, m.resources)
+	if err != nil {
+		return opError("migrate", "", err)
+	}
+	var table, name, typ string
+	var bad error
+	if _, err := pgx.ForEachRow(rows, []any{&table, &name, &typ}, func() error {
+		if bad == nil {
+			bad = fmt.Errorf("%w: column %s of %s is %s, not timestamptz of full precision", ErrInvalid, quote(name), table, typ)
+		}
+		return nil
+	}); err != nil {
+		return opError("migrate", "", err)
+	}
+	if bad != nil {
+		return opError("migrate", "", bad)
+	}
+	return nil
 }
+
+// managerTimeColumnsSQL lists the lock-manager tables' time columns ($1
+// holders, $2 resources) whose type is not timestamptz of full precision
+// (typmod -1 or 6): the table's name as given, the column and its type.
+const managerTimeColumnsSQL = `
+SELECT CASE WHEN a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1) THEN $1 ELSE $2 END,
+	a.attname::pg_catalog.text, pg_catalog.format_type(a.atttypid, a.atttypmod)
+FROM pg_catalog.pg_attribute a
+WHERE ((a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1) AND a.attname OPERATOR(pg_catalog.=) ANY ('{acquired_at,expires_at}'::pg_catalog.name[]))
+	OR (a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($2) AND a.attname OPERATOR(pg_catalog.=) 'writer_intent_until'::pg_catalog.name))
+	AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+	AND NOT (a.atttypid OPERATOR(pg_catalog.=) 'pg_catalog.timestamptz'::pg_catalog.regtype::pg_catalog.oid
+		AND (a.atttypmod OPERATOR(pg_catalog.=) -1 OR a.atttypmod OPERATOR(pg_catalog.=) 6))
+ORDER BY 1, a.attnum`
 
 // Migrate adds the three lease columns to the configured table if they are
 // missing: locked-at timestamptz NULL, owner text NULL, fence bigint NOT NULL
