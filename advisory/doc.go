@@ -161,12 +161,19 @@
 //   - A Try call runs on a holder connection that already holds other
 //     locks of the Locker and none of the call's keys, else on a new
 //     connection, which becomes a holder connection if the keys are
-//     granted. A blocking call is tried there first (unless other calls of
-//     the Locker are in its first key's local queue); when a key is busy,
+//     granted; Try calls that arrive while it is being opened share it. A
+//     blocking call is tried there first (unless other calls of the
+//     Locker are in its first key's local queue); when a key is busy,
 //     or no holder connection can take the keys, it takes them on a
 //     connection of its own, waiting there as WithLock does if it must,
 //     and once granted that connection becomes a holder connection that
-//     later calls share. A holder connection (one shared with other
+//     later calls share. So blocking calls that arrive together before
+//     any holder connection exists each draw a connection of their own: on
+//     a pool smaller than such a burst, the calls beyond it wait for a
+//     connection within their bound and fail with ErrNoConnection when it
+//     runs out (50 concurrent first Locks on a pool of one: 49 did), where
+//     50 concurrent first TryLocks share one. Take the first lock before
+//     the burst, or size the pool for it. A holder connection (one shared with other
 //     held locks) never waits for a lock.
 //   - A statement on a holder connection that holds other locks is bounded
 //     by Config.CleanupTimeout (HeartbeatTimeout when heartbeats run and it
@@ -296,7 +303,10 @@
 //   - lock_timeout: a call with no bound and no context deadline waits as
 //     long as it allows, then fails with [ErrLockTimeout] (55P03). Any bound,
 //     a context deadline included, replaces it for the wait only; a
-//     transaction callback runs with it.
+//     transaction callback runs with it. (A lock_timeout set with SET in
+//     AfterConnect or PrepareConn is the session's own value, not the
+//     default: a transaction callback or batch whose wait had a bound runs
+//     with the role's, database's or server's instead; see WithXactLock.)
 //   - statement_timeout ends a lock wait that outlasts it, whatever the
 //     call's bound, in every blocking form: [ErrLockTimeout], with the
 //     57014 kept in the chain. A 57014 from the library's cancel request,

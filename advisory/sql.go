@@ -99,10 +99,12 @@ const (
 	sqlSetTimeout = "SELECT pg_catalog.set_config('lock_timeout', $1, true)"
 	// sqlRestoreTimeout follows the lock statements of a transaction-scope
 	// call that set lock_timeout (sqlSetTimeout), so that the callback runs
-	// with the connection's default lock_timeout: the value at connection
-	// start, which is the session's own, since no pooled connection keeps
-	// a session SET (pooltx resets every one it releases). It stores
-	// nothing: no placeholder setting outlives the call.
+	// with the connection's default lock_timeout: the reset value (server,
+	// database, role, connection string). A lock_timeout the session SET
+	// itself (AfterConnect, which pooltx's reset restores) is not restored
+	// here: PostgreSQL has no way to read a setting's session value under a
+	// SET LOCAL, and keeping it in a placeholder setting would leave one on
+	// the connection (documented at WithXactLock). It stores nothing.
 	sqlRestoreTimeout = "SET LOCAL lock_timeout TO DEFAULT"
 )
 

@@ -20,6 +20,12 @@ import (
 // fn runs with the connection's default lock_timeout (the server's,
 // database's, role's or connection string's: the wait's own timeout is set
 // back with SET LOCAL lock_timeout TO DEFAULT before fn, storing nothing).
+// A lock_timeout the session set itself (a SET in pgxpool's AfterConnect or
+// PrepareConn) is not that default: where the wait had a bound (a
+// Config.LockTimeout, an Options.Timeout or a context deadline), fn runs
+// with the default above instead, and the session's value is back only
+// after the call; set such a timeout for the role or in the connection
+// string, or with SET LOCAL in fn.
 // ctx governs the wait for a connection, the lock wait (as for WithLock),
 // fn and COMMIT. When fn returns an error or the wait fails, the
 // transaction is rolled back under a fresh context bounded by
