@@ -101,8 +101,7 @@ import (
 // cancellation arrived returns nil. The call's timeout (Options.Timeout,
 // Config.LockTimeout) and ctx's deadline bound the lock wait on the server
 // (lock_timeout, all keys together, as for WithXactLockAll); b's statements
-// run with the connection's default lock_timeout (not one a SET in
-// AfterConnect gave the session: see WithXactLock). So once the pipeline is
+// run with the session's own lock_timeout (see WithXactLock). So once the pipeline is
 // sent, only ctx bounds the call on the client: a server or network that
 // stops answering holds it until ctx ends (give ctx a deadline; the call
 // then returns pooltx.ErrCommitUnknown within half a second of it). After the call the pooled
@@ -284,7 +283,7 @@ func (l *Locker) withXactBatch(ctx context.Context, ks []keys.Key, opts *Options
 			sp.released(nil)
 			return err
 		}
-		if retried || !diedIdle(ctx, wctx, c) || !nothingRan(err) {
+		if retried || !diedIdle(ctx, wctx, c, err) || !nothingRan(err) {
 			if _, isLock := err.(*LockError); isLock {
 				sp.acquired(err)
 			} else {
@@ -324,6 +323,7 @@ type batchAttempt struct {
 	shared    bool
 	try       bool
 	checked   []pgx.QueuedQuery // the caller's statements, as checkBatch read them
+	restore   textArg           // the session's lock_timeout (queueRestoreTimeout)
 
 	// Set by the result handlers, in pipeline order.
 	txAfter   byte         // the connection's transaction status once the pipeline was read
@@ -380,7 +380,7 @@ func (x *batchAttempt) run(b *pgx.Batch) error {
 	}
 	p.QueuedQueries[p.Len()-1].Exec(func(pgconn.CommandTag) error { x.locked, *x.lockedOut = true, true; return nil })
 	if timeout != "" {
-		p.Queue(sqlRestoreTimeout)
+		queueRestoreTimeout(p, c, &x.restore)
 	}
 	x.queueCallers(p)
 	p.Queue("commit").Exec(func(tag pgconn.CommandTag) error {

@@ -255,8 +255,7 @@
 // sooner), becomes PostgreSQL's lock_timeout for that wait only: set with
 // set_config(..., true) inside the lock statement's own implicit
 // transaction for session locks, and, for transaction locks, set back to
-// the connection's default (SET LOCAL lock_timeout TO DEFAULT) before the
-// callback. It never reaches the pool. PostgreSQL applies
+// the session's own value (with SET LOCAL) before the callback. It never reaches the pool. PostgreSQL applies
 // lock_timeout to each lock wait separately; for a multi-key call the lock
 // statement sets it again before each key to what is left of the bound,
 // measured on the server from the start of the statement's transaction, so
@@ -303,10 +302,8 @@
 //   - lock_timeout: a call with no bound and no context deadline waits as
 //     long as it allows, then fails with [ErrLockTimeout] (55P03). Any bound,
 //     a context deadline included, replaces it for the wait only; a
-//     transaction callback runs with it. (A lock_timeout set with SET in
-//     AfterConnect or PrepareConn is the session's own value, not the
-//     default: a transaction callback or batch whose wait had a bound runs
-//     with the role's, database's or server's instead; see WithXactLock.)
+//     transaction callback runs with it (or with the session's own, from
+//     a SET in AfterConnect: see WithXactLock).
 //   - statement_timeout ends a lock wait that outlasts it, whatever the
 //     call's bound, in every blocking form: [ErrLockTimeout], with the
 //     57014 kept in the chain. A 57014 from the library's cancel request,
@@ -402,7 +399,12 @@
 // connection just pinged (pgxpool itself pings only connections idle for
 // over a second, so the next idle ones may be dead too); dead candidates
 // are destroyed, and if no live connection can be had the call fails with
-// [ErrNoConnection].
+// [ErrNoConnection]. A session the server ends with an error of its own
+// statement (a lock wait's 55P03 under exit_on_error, which makes it
+// FATAL) is not retried: the call fails with that error ([ErrLockTimeout]
+// with the 55P03). A session ended by an operator (SQLSTATE class 57P:
+// pg_terminate_backend, a shutdown) while the call waited cannot be told
+// from one that died idle: it is retried once, within the same timeout.
 //
 // # Failover
 //

@@ -115,7 +115,7 @@ func (l *Locker) acquireHeldTraced(ctx context.Context, h *Lock) error {
 			// A Locker's first session-scope call checks for a proxy on
 			// the connection it drew: one found dead there is retried as
 			// below (the check has no answer yet: it runs again).
-			died := !retried && diedIdle(ctx, wctx, c)
+			died := !retried && diedIdle(ctx, wctx, c, err)
 			hc.abandon()
 			l.unpin(c)
 			if !died {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -475,7 +476,7 @@ func (l *Locker) acquireSessionWithin(ctx, wctx context.Context, a *acquired) er
 			a.c, c = c, nil
 			return nil
 		}
-		if retried || !diedIdle(ctx, wctx, c) {
+		if retried || !diedIdle(ctx, wctx, c, err) {
 			l.unpin(c)
 			c = nil
 			return err
@@ -490,13 +491,22 @@ func (l *Locker) acquireSessionWithin(ctx, wctx context.Context, a *acquired) er
 }
 
 // diedIdle reports whether c was found dead by a call whose contexts are
-// still live: typically a pooled connection whose server went away while it
-// sat idle (a restart, a failover, pg_terminate_backend), which pgxpool
-// does not check before handing it out unless it was idle for a second. A
-// dead session holds no lock, so such a call is retried once on a fresh
-// connection instead of failing.
-func diedIdle(ctx, wctx context.Context, c *pooltx.Conn) bool {
-	return c.Conn().IsClosed() && ctx.Err() == nil && wctx.Err() == nil
+// still live, err being the call's failure: typically a pooled connection
+// whose server went away while it sat idle (a restart, a failover,
+// pg_terminate_backend, idle_session_timeout), which pgxpool does not check
+// before handing it out unless it was idle for a second. A dead session
+// holds no lock, so such a call is retried once on a fresh connection
+// instead of failing. A session the server ended with an error of another
+// class than 57P (operator intervention) died of the call's own statement,
+// not idle: under exit_on_error a lock wait's 55P03 is FATAL, and the call
+// fails with it (it was retried, as a lock timeout's bound ran out, and
+// reported ErrNoConnection, or waited twice).
+func diedIdle(ctx, wctx context.Context, c *pooltx.Conn, err error) bool {
+	if !c.Conn().IsClosed() || ctx.Err() != nil || wctx.Err() != nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr) || strings.HasPrefix(pgErr.Code, "57P")
 }
 
 // lockSession takes the keys of r at session level on c, in r's mode and

@@ -98,15 +98,31 @@ const (
 	// (implicit or explicit) transaction: SET LOCAL with a parameter.
 	sqlSetTimeout = "SELECT pg_catalog.set_config('lock_timeout', $1, true)"
 	// sqlRestoreTimeout follows the lock statements of a transaction-scope
-	// call that set lock_timeout (sqlSetTimeout), so that the callback runs
-	// with the connection's default lock_timeout: the reset value (server,
-	// database, role, connection string). A lock_timeout the session SET
-	// itself (AfterConnect, which pooltx's reset restores) is not restored
-	// here: PostgreSQL has no way to read a setting's session value under a
-	// SET LOCAL, and keeping it in a placeholder setting would leave one on
-	// the connection (documented at WithXactLock). It stores nothing.
+	// call that set lock_timeout (sqlSetTimeout) on a connection with no
+	// recorded baseline (see queueRestoreTimeout): the reset value (server,
+	// database, role, connection string). It stores nothing.
 	sqlRestoreTimeout = "SET LOCAL lock_timeout TO DEFAULT"
 )
+
+// queueRestoreTimeout queues, after the lock statements of a
+// transaction-scope call that set lock_timeout, the statement that sets it
+// back for the rest of the transaction to the session's own value, which
+// pooltx recorded with the connection's baseline (before any lent code
+// ran, so a SET in AfterConnect included): sqlSetTimeout with that value
+// (arg holds it; a pointer: no boxing). PostgreSQL cannot read a setting's
+// session value under a SET LOCAL, and SET LOCAL ... TO DEFAULT gives the
+// reset value, which a session SET does not change: a callback would lose
+// AfterConnect's lock_timeout. Without a baseline (none recorded yet),
+// sqlRestoreTimeout.
+func queueRestoreTimeout(b *pgx.Batch, c *pooltx.Conn, arg *textArg) {
+	v, ok := c.SessionLockTimeout()
+	if !ok {
+		b.Queue(sqlRestoreTimeout)
+		return
+	}
+	*arg = textArg(v)
+	b.Queue(sqlSetTimeout, arg)
+}
 
 // keySet is a validated, sorted, de-duplicated set of keys split by key
 // space, in the order the locks are taken: every int8 key, then every pair.

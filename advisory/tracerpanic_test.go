@@ -209,12 +209,12 @@ func TestPoolQueryTracerSeesArgumentValues(t *testing.T) {
 	tr.match = "'lock_timeout'"
 	tr.got = nil
 	require.NoError(t, l.WithXactLock(ctx, keys.Int64(v), nil, func(context.Context, pgx.Tx) error { return nil }))
-	require.NotEmpty(t, tr.got)
-	for _, args := range tr.got {
-		for _, a := range args {
-			assert.Regexp(t, `^[0-9]+ms$`, a)
-		}
-	}
+	// Then the restore of the session's own value before fn (here the
+	// server's, 0), a pointer too.
+	require.Len(t, tr.got, 2)
+	require.Len(t, tr.got[0], 1)
+	assert.Regexp(t, `^[0-9]+ms$`, tr.got[0][0])
+	assert.Equal(t, []string{"0"}, tr.got[1])
 }
 
 // Review 16: a handle whose Unlock panicked (a pgx tracer's panic in the

@@ -17,15 +17,10 @@ import (
 // lock lasts until the transaction ends: nothing is unlocked by hand, and a
 // rollback, a failed commit or a dead connection releases it.
 //
-// fn runs with the connection's default lock_timeout (the server's,
-// database's, role's or connection string's: the wait's own timeout is set
-// back with SET LOCAL lock_timeout TO DEFAULT before fn, storing nothing).
-// A lock_timeout the session set itself (a SET in pgxpool's AfterConnect or
-// PrepareConn) is not that default: where the wait had a bound (a
-// Config.LockTimeout, an Options.Timeout or a context deadline), fn runs
-// with the default above instead, and the session's value is back only
-// after the call; set such a timeout for the role or in the connection
-// string, or with SET LOCAL in fn.
+// fn runs with the session's own lock_timeout, as the pool gave the
+// connection out (the server's, database's, role's or connection string's,
+// or one a SET in pgxpool's AfterConnect gave it): the wait's own timeout
+// is set back to it with SET LOCAL before fn, storing nothing.
 // ctx governs the wait for a connection, the lock wait (as for WithLock),
 // fn and COMMIT. When fn returns an error or the wait fails, the
 // transaction is rolled back under a fresh context bounded by
@@ -151,7 +146,7 @@ func (l *Locker) withXact(ctx context.Context, call *xactCall, ks []keys.Key, op
 		if err == nil {
 			return nil // unreachable: fn ran unless the preamble failed
 		}
-		if retried || !diedIdle(ctx, wctx, c) {
+		if retried || !diedIdle(ctx, wctx, c, err) {
 			sp.acquired(err)
 			return err
 		}
@@ -183,6 +178,7 @@ type xactAttempt struct {
 
 	// Filled by run for preamble.
 	timeout textArg
+	restore textArg // the session's lock_timeout, set back before fn (see restoreTimeout)
 	bound   time.Duration
 	check   func(pgx.Rows) error
 	falses  int
@@ -196,7 +192,7 @@ func (x *xactAttempt) preamble(b *pgx.Batch) {
 	}
 	x.s.queue(b, xactOp(x.try), x.shared, x.bound, x.check)
 	if x.timeout != "" {
-		b.Queue(sqlRestoreTimeout)
+		queueRestoreTimeout(b, x.c, &x.restore)
 	}
 }
 

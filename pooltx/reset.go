@@ -61,7 +61,8 @@ const (
 		"'pg_catalog.set_config(%L, pg_catalog.convert_from(pg_catalog.decode(%L, ''hex''), %L), false)', " +
 		"s.name, pg_catalog.encode(pg_catalog.convert_to(s.setting, pg_catalog.getdatabaseencoding()), 'hex'), pg_catalog.getdatabaseencoding()), ', ' ORDER BY s.name) " +
 		"FROM pg_catalog.pg_settings s WHERE s.source OPERATOR(pg_catalog.=) 'session' " +
-		"AND s.name OPERATOR(pg_catalog.<>) ALL ('{transaction_isolation,transaction_read_only,transaction_deferrable}'::pg_catalog.text[]))"
+		"AND s.name OPERATOR(pg_catalog.<>) ALL ('{transaction_isolation,transaction_read_only,transaction_deferrable}'::pg_catalog.text[])), " +
+		"pg_catalog.current_setting('lock_timeout')" // see Conn.SessionLockTimeout
 	// The probe: a statement prepared once per connection (see Conn.Lend).
 	// Executing it fails with SQLSTATE 26000 once something has
 	// deallocated every prepared statement of the session, pgx's statement
@@ -120,9 +121,10 @@ func (c *Conn) state() *connState {
 // not follow the session), and the reset that returns the session to the
 // identity it had then.
 type baseline struct {
-	probe bool
-	reset string   // the probe (when prepared) and the reset, one simple-protocol string
-	stmts []string // the reset one by one, for QueueReset (the probe goes before them)
+	probe       bool
+	reset       string   // the probe (when prepared) and the reset, one simple-protocol string
+	stmts       []string // the reset one by one, for QueueReset (the probe goes before them)
+	lockTimeout string   // the session's lock_timeout then (Conn.SessionLockTimeout)
 }
 
 // defaultBaseline serves a connection with no baseline and no
@@ -325,18 +327,18 @@ func (c *Conn) readBaseline(within time.Duration) error {
 	if probe {
 		sql, want = sqlPrepareProbe+"; "+sqlIdentity, 2
 	}
-	var sessionUser, role, restore string
+	var sessionUser, role, restore, lockTimeout string
 	rows := 0
 	n, err := c.execWithin(within, sql, func(v [][]byte) {
 		rows++
-		if len(v) == 3 && v[0] != nil && v[1] != nil {
-			sessionUser, role = string(v[0]), string(v[1])
+		if len(v) == 4 && v[0] != nil && v[1] != nil && v[3] != nil {
+			sessionUser, role, lockTimeout = string(v[0]), string(v[1]), string(v[3])
 			if v[2] != nil {
 				restore = string(v[2])
 			}
 		}
 	})
-	if err == nil && (n != want || rows != 1 || sessionUser == "" || role == "") {
+	if err == nil && (n != want || rows != 1 || sessionUser == "" || role == "" || lockTimeout == "") {
 		err = errors.New("the session's identity could not be read")
 	}
 	if err != nil {
@@ -350,8 +352,25 @@ func (c *Conn) readBaseline(within time.Duration) error {
 	escape := strings.EqualFold(pg.ParameterStatus("client_encoding"), "UTF8") &&
 		!strings.EqualFold(pg.ParameterStatus("server_encoding"), "SQL_ASCII")
 	st.base = newBaseline(probe, escape, cfg.User, sessionUser, role, restore)
+	st.base.lockTimeout = lockTimeout
 	c.unknownIdentity = false // recorded now: an earlier lend inside a transaction was quiet
 	return nil
+}
+
+// SessionLockTimeout returns the lock_timeout c's session had when its
+// baseline was recorded (its first Lend, before the lent code ran: the
+// value a SET in pgxpool's AfterConnect or PrepareConn, the connection
+// string, the role, the database or the server gave it), which every reset
+// returns it to; ok is false before a baseline was recorded. It serves a
+// caller that sets lock_timeout with SET LOCAL for a wait and must set it
+// back before lent code runs in the same transaction: SET LOCAL
+// lock_timeout TO DEFAULT gives the reset value (connection string, role,
+// database, server), not one the session SET itself.
+func (c *Conn) SessionLockTimeout() (value string, ok bool) {
+	if b := c.baseline(); b != nil {
+		return b.lockTimeout, true
+	}
+	return "", false
 }
 
 // Lent reports whether c was handed to code its caller does not control
