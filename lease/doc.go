@@ -214,7 +214,15 @@
 // parameter's type there) and the few operators with no exact match in
 // pg_catalog (for those PostgreSQL takes an exact match from any schema of
 // the path), as is everything in the frame's own statement; so are the
-// comparisons of a column lease's locked-at, owner and fence columns. The
+// comparisons of a column lease's locked-at, owner and fence columns, and
+// every function and operator of the fencing token's arithmetic and of the
+// lease ids' concatenation. A look-alike whose result type differs from
+// pg_catalog's (a * on bigints returning boolean) is seen by pgx's
+// preparation, which runs before the frame: where it stands for an
+// operator this package does not name in pg_catalog (a comparison of the
+// lock-manager tables' columns, say), that preparation fails, in the cache
+// exec modes, with an error (42804 or 42883), and nothing runs; a
+// look-alike is never executed in place of pg_catalog's. The
 // tables, and the comparison of a column lease's id column (whose type may
 // come from any schema: citext, a domain), still resolve through the rest of
 // the path; for an id column of type varchar or a domain, which has no

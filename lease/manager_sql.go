@@ -45,8 +45,8 @@ const matchUpgraded = "upgraded"
 // row that no upgrade of lease $3 wrote is never matched by a caller that
 // believes it holds Shared, however its upgrade went.
 const ownRowSQL = `(CASE WHEN $5::pg_catalog.text IS NULL THEN (lease_id = $3 AND mode = 'shared')
-		OR (lease_id = $3 || '` + upgradedSuffix + `' AND mode = 'exclusive')
-	WHEN $5::pg_catalog.text = '` + matchUpgraded + `' THEN lease_id = $3 || '` + upgradedSuffix + `' AND mode = 'exclusive'
+		OR (lease_id = $3 OPERATOR(pg_catalog.||) '` + upgradedSuffix + `' AND mode = 'exclusive')
+	WHEN $5::pg_catalog.text = '` + matchUpgraded + `' THEN lease_id = $3 OPERATOR(pg_catalog.||) '` + upgradedSuffix + `' AND mode = 'exclusive'
 	ELSE lease_id = $3 AND mode = $5::pg_catalog.text END)`
 
 func newManagerSQL(r0 *strings.Replacer) managerSQL {
@@ -295,10 +295,10 @@ mine AS (
 	SELECT 1 FROM {holders}
 	WHERE resource = $1 AND token = $2 AND expires_at > pg_catalog.now()
 	  AND ((lease_id = $3 AND mode = 'shared')
-		OR ($5::pg_catalog.bool AND lease_id = $3 || '` + upgradedSuffix + `' AND mode = 'exclusive'))
+		OR ($5::pg_catalog.bool AND lease_id = $3 OPERATOR(pg_catalog.||) '` + upgradedSuffix + `' AND mode = 'exclusive'))
 ),
 upgraded AS (
-	UPDATE {holders} SET mode = 'exclusive', lease_id = $3 || '` + upgradedSuffix + `', expires_at = pg_catalog.now() + $4::interval
+	UPDATE {holders} SET mode = 'exclusive', lease_id = $3 OPERATOR(pg_catalog.||) '` + upgradedSuffix + `', expires_at = pg_catalog.now() + $4::interval
 	WHERE resource = $1 AND token = $2 AND EXISTS (SELECT 1 FROM mine)
 	  AND NOT EXISTS (
 		SELECT 1 FROM {holders} o

@@ -285,3 +285,52 @@ func pathPool(t *testing.T, path string) *pgxpool.Pool {
 	cfg.ConnConfig.RuntimeParams["search_path"] = path
 	return pgtest.NewPool(t, cfg)
 }
+
+// Look-alikes of another result type break a statement where pgx prepares
+// it, outside the frame, under the session's search_path: a * on bigints
+// that returns boolean made every acquisition fail with 42804 in pgx's
+// default exec mode (review 25), in the fencing token's arithmetic. The
+// statements name every function and operator of the token in pg_catalog.
+func TestSearchPathLookAlikesOfAnotherResultTypeDoNotBreakAcquisition(t *testing.T) {
+	ctx := testCtx(t)
+	p1, _, schema := twoPools(t)
+	shadow := shadowSchema(t, p1)
+	for _, ddl := range []string{
+		`CREATE FUNCTION %[1]s.bb(bigint, bigint) RETURNS boolean LANGUAGE sql AS 'SELECT true'`,
+		`CREATE OPERATOR %[1]s.* (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = %[1]s.bb)`,
+		`CREATE FUNCTION %[1]s.bi(bigint, integer) RETURNS boolean LANGUAGE sql AS 'SELECT true'`,
+		`CREATE OPERATOR %[1]s.- (LEFTARG = bigint, RIGHTARG = integer, FUNCTION = %[1]s.bi)`,
+		`CREATE OPERATOR %[1]s.+ (LEFTARG = bigint, RIGHTARG = integer, FUNCTION = %[1]s.bi)`,
+		`CREATE FUNCTION %[1]s.tt(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true'`,
+		`CREATE OPERATOR %[1]s.|| (LEFTARG = text, RIGHTARG = text, FUNCTION = %[1]s.tt)`,
+		`CREATE FUNCTION %[1]s.substr(text, integer, integer) RETURNS boolean LANGUAGE sql AS 'SELECT true'`,
+		`CREATE FUNCTION %[1]s.pg_walfile_name(pg_lsn) RETURNS boolean LANGUAGE sql AS 'SELECT true'`,
+	} {
+		mustExec(t, p1, fmt.Sprintf(ddl, shadow))
+	}
+	hostile := pathPool(t, shadow+", pg_catalog")
+	var hijacked bool
+	require.NoError(t, hostile.QueryRow(ctx, "SELECT 2::bigint * 3::bigint").Scan(&hijacked))
+	require.True(t, hijacked, "the look-alikes are live on this pool")
+
+	mh, err := lease.NewManager(hostile, lease.ManagerConfig{Schema: schema, TTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, mh.Migrate(ctx))
+	l, err := mh.Acquire(ctx, "r", nil)
+	require.NoError(t, err)
+	assert.Positive(t, l.Token())
+	require.NoError(t, l.Release(ctx))
+
+	table := pgx.Identifier{schema, "jobs"}.Sanitize()
+	mustExec(t, p1, "CREATE TABLE "+table+" (id bigint PRIMARY KEY)")
+	mustExec(t, p1, "INSERT INTO "+table+" VALUES (1)")
+	ch, err := lease.NewColumn(hostile, lease.ColumnConfig{Schema: schema, Table: "jobs", TTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, ch.Migrate(ctx))
+	for range 2 { // the first acquisition's statement and the later ones'
+		cl, err := ch.TryAcquire(ctx, int64(1))
+		require.NoError(t, err)
+		assert.Positive(t, cl.Token())
+		require.NoError(t, cl.Release(ctx))
+	}
+}
