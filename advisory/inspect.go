@@ -35,7 +35,12 @@ type LockInfo struct {
 }
 
 // sqlListLocks lists advisory locks of the current database. Rows are
-// ordered by key, holders before waiters, waiters by wait start. Times
+// ordered by pg_locks' columns, not by keys.Compare: int64 keys before pair
+// keys (objsubid), then by classid and objid as unsigned 32-bit numbers
+// (oid): an int64 key by its 64 bits read as unsigned, a pair by a then b
+// read as unsigned, so negative numbers sort after non-negative ones
+// (int64:1 before int64:-1); then holders before waiters, waiters by wait
+// start, then by pid. Times
 // travel as microseconds since the Unix epoch (exact: extract returns
 // numeric): a timestamp read as text, as pgx reads results in the Exec and
 // simple protocol modes, is parsed in the ISO DateStyle only, and the

@@ -10,6 +10,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -188,7 +189,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
 
 // usageError prints a usage message for a subcommand and returns exitUsage.
 func usageError(s stdio, name, format string, a ...any) int {
-	fmt.Fprintf(s.Err, "pgxlock %s: %s\n(run \"pgxlock help %s\" for usage)\n", name, fmt.Sprintf(format, a...), name)
+	msgf(s.Err, "pgxlock %s: %s\n(run \"pgxlock help %s\" for usage)\n", name, fmt.Sprintf(format, a...), name)
 	return exitUsage
 }
 
@@ -251,8 +252,9 @@ var errSettings = errors.New("cannot parse the connection settings")
 // connConfig parses the invocation's connection settings and sets the CLI's
 // application_name (whatever the settings say, so that operators can always
 // tell the CLI's backends apart) and a connect timeout if none is set. A
-// parse failure wraps errSettings and shows the parser's reason and the
-// settings with every password replaced by xxxxx.
+// parse failure wraps errSettings and shows the settings with every
+// password replaced by xxxxx (see redactConnString) and the parser's
+// reason, scrubbed of them (see parseReason).
 func connConfig(e env) (*pgx.ConnConfig, error) {
 	cs := connString(e)
 	cfg, err := pgx.ParseConfig(cs)
@@ -282,9 +284,13 @@ func connFailed(err error) int {
 
 // parseReason is the reason of a connection-string parse error without the
 // connection string, which pgconn quotes with passwords masked only on a
-// best-effort basis (and url.Parse quotes unmasked). Any secret of the
-// string that is still in the text is replaced by xxxxx.
-func parseReason(err error, secrets []string) string {
+// best-effort basis (and url.Parse quotes unmasked). The parser may also
+// quote a piece of the input it choked on, which for a malformed string can
+// be part of a password: every secret of hidden still in the text becomes
+// xxxxx, so does every quoted piece of text that overlaps one, and if the
+// text still shares four characters in a row with one, the reason is
+// replaced by a generic one.
+func parseReason(err error, hidden []string) string {
 	msg := err.Error()
 	var pce *pgconn.ParseConfigError
 	if errors.As(err, &pce) {
@@ -299,10 +305,87 @@ func parseReason(err error, secrets []string) string {
 			msg = strings.ReplaceAll(msg, ue.Error(), ue.Err.Error())
 		}
 	}
-	for _, s := range secrets {
+	for _, s := range hidden {
 		msg = strings.ReplaceAll(msg, s, "xxxxx")
 	}
+	msg = scrubQuoted(msg, hidden)
+	rest := strings.ReplaceAll(msg, "xxxxx", "\x00")
+	for _, h := range hidden {
+		if sharesRun(rest, h, 4) {
+			return reasonHidden
+		}
+	}
 	return msg
+}
+
+// reasonHidden replaces a parse error's reason that may quote part of a
+// password.
+const reasonHidden = `the parser's reason is not shown, as it may quote part of a password ` +
+	`(in key=value form, write ' and \ in a quoted value as \' and \\; in a URL, percent-encode them)`
+
+// scrubQuoted replaces each "quoted" or `quoted` piece of msg that overlaps
+// a hidden text with "xxxxx".
+func scrubQuoted(msg string, hidden []string) string {
+	var b strings.Builder
+	for i := 0; i < len(msg); {
+		q := msg[i]
+		if q != '"' && q != '`' {
+			b.WriteByte(q)
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(msg) && msg[j] != q {
+			if q == '"' && msg[j] == '\\' {
+				j++
+			}
+			j++
+		}
+		if j >= len(msg) { // no closing quote: the rest is the piece
+			j = len(msg)
+		}
+		piece := msg[i+1 : min(j, len(msg))]
+		if revealsHidden(piece, hidden) {
+			b.WriteString(string(q) + "xxxxx" + string(q))
+		} else {
+			b.WriteString(msg[i:min(j+1, len(msg))])
+		}
+		i = j + 1
+	}
+	return b.String()
+}
+
+// revealsHidden reports whether a quoted piece of an error message (as
+// written, or unquoted in Go syntax) overlaps any of hidden: it holds one of
+// them, is a part of one (two bytes or more: a single character such as
+// the "=" of `missing "=" after` tells nothing), or shares four bytes in a
+// row with one.
+func revealsHidden(piece string, hidden []string) bool {
+	forms := []string{piece}
+	if u, err := strconv.Unquote(`"` + piece + `"`); err == nil && u != piece {
+		forms = append(forms, u)
+	}
+	for _, f := range forms {
+		for _, h := range hidden {
+			if h == "" {
+				continue
+			}
+			if strings.Contains(f, h) || (len(f) >= 2 && strings.Contains(h, f)) || sharesRun(f, h, 4) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// sharesRun reports whether s contains any n bytes in a row of h.
+func sharesRun(s, h string, n int) bool {
+	for i := 0; i+n <= len(h); i++ {
+		if strings.Contains(s, h[i:i+n]) {
+			return true
+		}
+	}
+	return false
 }
 
 var (
@@ -320,10 +403,43 @@ var (
 // password, sslpassword, and any other key with "password" in it.
 func isPasswordKey(k string) bool { return strings.Contains(strings.ToLower(k), "password") }
 
+// knownKeys are the setting names that may end a password's value when
+// masking it: libpq's and pgx's keywords and the run-time parameters most
+// often given in connection strings. Text after a password that does not
+// start one of these settings is masked as part of the password.
+var knownKeys = map[string]bool{
+	"host": true, "hostaddr": true, "port": true, "dbname": true, "database": true, "user": true,
+	"password": true, "passfile": true, "connect_timeout": true, "sslmode": true, "ssl": true,
+	"sslkey": true, "sslcert": true, "sslcertmode": true, "sslrootcert": true, "sslcrl": true,
+	"sslcrldir": true, "sslnegotiation": true, "sslpassword": true, "sslsni": true,
+	"sslcompression": true, "requiressl": true, "gssencmode": true, "gsslib": true,
+	"krbspn": true, "krbsrvname": true, "target_session_attrs": true, "load_balance_hosts": true,
+	"service": true, "servicefile": true, "min_protocol_version": true, "max_protocol_version": true,
+	"channel_binding": true, "require_auth": true, "application_name": true,
+	"fallback_application_name": true, "options": true, "timezone": true, "search_path": true,
+	"client_encoding": true, "datestyle": true, "intervalstyle": true, "replication": true,
+	"keepalives": true, "keepalives_idle": true, "keepalives_interval": true, "keepalives_count": true,
+	"tcp_user_timeout": true, "statement_timeout": true, "lock_timeout": true,
+	"idle_in_transaction_session_timeout": true, "statement_cache_capacity": true,
+	"description_cache_capacity": true, "default_query_exec_mode": true, "min_read_buffer_size": true,
+}
+
+func init() {
+	for _, m := range pgEnvSettings {
+		knownKeys[m.setting] = true
+	}
+}
+
 // span is a value's place in a connection string: cs[start:end].
 type span struct {
 	key        string // decoded
 	start, end int
+	closed     bool // not an unterminated quoted value
+}
+
+// isSpace is the white space of the key/value syntax.
+func isSpace(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
 }
 
 // kvSettings lists the key=value settings of a libpq key/value string:
@@ -334,7 +450,7 @@ func kvSettings(cs string) []span {
 	var out []span
 	n, i := len(cs), 0
 	space := func() {
-		for i < n && (cs[i] == ' ' || cs[i] == '\t' || cs[i] == '\n' || cs[i] == '\r' || cs[i] == '\f' || cs[i] == '\v') {
+		for i < n && isSpace(cs[i]) {
 			i++
 		}
 	}
@@ -344,7 +460,7 @@ func kvSettings(cs string) []span {
 			return out
 		}
 		ks := i
-		for i < n && cs[i] != '=' && cs[i] != ' ' && cs[i] != '\t' && cs[i] != '\n' {
+		for i < n && cs[i] != '=' && !isSpace(cs[i]) {
 			i++
 		}
 		key := cs[ks:i]
@@ -355,29 +471,33 @@ func kvSettings(cs string) []span {
 		i++
 		space()
 		vs := i
+		closed := true
 		if i < n && cs[i] == '\'' {
+			closed = false
 			for i++; i < n; i++ {
 				if cs[i] == '\\' {
 					i++
 				} else if cs[i] == '\'' {
 					i++
+					closed = true
 					break
 				}
 			}
 		} else {
-			for ; i < n && cs[i] != ' ' && cs[i] != '\t' && cs[i] != '\n' && cs[i] != '\r'; i++ {
+			for ; i < n && !isSpace(cs[i]); i++ {
 				if cs[i] == '\\' {
 					i++
 				}
 			}
 		}
-		out = append(out, span{key: key, start: vs, end: min(i, n)})
+		out = append(out, span{key: key, start: vs, end: min(i, n), closed: closed})
 	}
 }
 
 // urlSettings lists the query settings of a URL connection string, keys
-// percent-decoded (pass%77ord is password to pgx): the part after the
-// first ? that follows from (the end of the user info), up to a #.
+// percent-decoded (pass%77ord is password to pgx): the &-separated pairs
+// after the first ? that follows from (the end of the user info). As for
+// pgx (and libpq), # and ; are part of a value.
 func urlSettings(cs string, from int) []span {
 	q := strings.IndexByte(cs[from:], '?')
 	if q < 0 {
@@ -385,12 +505,9 @@ func urlSettings(cs string, from int) []span {
 	}
 	start := from + q + 1
 	end := len(cs)
-	if h := strings.IndexByte(cs[start:], '#'); h >= 0 {
-		end = start + h
-	}
 	var out []span
 	for i := start; i <= end; {
-		j := strings.IndexAny(cs[i:end], "&;")
+		j := strings.IndexByte(cs[i:end], '&')
 		if j < 0 {
 			j = end - i
 		}
@@ -400,7 +517,7 @@ func urlSettings(cs string, from int) []span {
 			if d, err := url.QueryUnescape(k); err == nil {
 				key = d
 			}
-			out = append(out, span{key: key, start: i + len(k) + 1, end: i + j})
+			out = append(out, span{key: key, start: i + len(k) + 1, end: i + j, closed: true})
 		}
 		i += j + 1
 	}
@@ -420,46 +537,159 @@ func settings(cs string) []span {
 	return kvSettings(cs)
 }
 
+// startsKnownKV reports whether rest, the text after a key/value string's
+// value, is only white space or starts with a known key and its "=".
+func startsKnownKV(rest string) bool {
+	rest = strings.TrimLeft(rest, " \t\n\r\f\v")
+	if rest == "" {
+		return true
+	}
+	i := strings.IndexFunc(rest, func(r rune) bool { return r == '=' || r < 0x80 && isSpace(byte(r)) })
+	if i <= 0 || !knownKeys[rest[:i]] {
+		return false
+	}
+	return strings.HasPrefix(strings.TrimLeft(rest[i:], " \t\n\r\f\v"), "=")
+}
+
+// passwordEnd is where the masking of a password value that starts at
+// sp.start ends. It ends with the value only when the value parsed cleanly
+// and what follows is the end of the string or a known setting (in a URL:
+// "&" and a known key's "="); else at the end of the string, since the rest
+// may be the password's (a quote or & in it that was not escaped).
+func passwordEnd(cs string, sp span, isURL bool) int {
+	if isURL {
+		for i := sp.start; i < len(cs); i++ {
+			if cs[i] != '&' {
+				continue
+			}
+			if k, _, ok := strings.Cut(cs[i+1:], "="); ok && knownKeys[k] {
+				return i
+			}
+		}
+		return len(cs)
+	}
+	if sp.closed && startsKnownKV(cs[sp.end:]) {
+		return sp.end
+	}
+	return len(cs)
+}
+
+// decodedIndex is s percent-decoded and lower-cased, with the offset in s
+// of each of its bytes, and the offset just past it.
+func decodedIndex(s string) (string, []int, []int) {
+	var b []byte
+	var at, past []int
+	for i := 0; i < len(s); {
+		c, w := s[i], 1
+		if c == '%' && i+2 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+3], 16, 8); err == nil {
+				c, w = byte(v), 3
+			}
+		}
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b = append(b, c)
+		at, past = append(at, i), append(past, i+w)
+		i += w
+	}
+	return string(b), at, past
+}
+
 // redactConnString returns the connection string with its passwords
-// replaced by xxxxx, and the replaced values (as written and decoded) so
-// that they can be scrubbed from other text.
+// replaced by xxxxx, and the replaced texts (as written and decoded) so
+// that they can be scrubbed from other text. A password whose value does
+// not parse cleanly, and any "password" the settings parser did not find
+// as a key (the string went wrong before it), is masked to the end of the
+// string: no part of a password is ever shown.
 func redactConnString(cs string) (string, []string) {
-	var secrets []string
+	n := len(cs)
+	isURL := reURLScheme.MatchString(cs)
+	var spans []span
+	if isURL {
+		if m := reURLUserinfo.FindStringSubmatchIndex(cs); m != nil {
+			spans = append(spans, span{start: m[4], end: m[5]})
+		}
+		// Both from the user info's end and from the first ?: the user info
+		// found may be wrong for a malformed URL.
+		for _, sp := range append(settings(cs), urlSettings(cs, 0)...) {
+			if isPasswordKey(sp.key) {
+				spans = append(spans, span{start: sp.start, end: passwordEnd(cs, sp, true)})
+			}
+		}
+	} else {
+		for _, sp := range kvSettings(cs) {
+			if isPasswordKey(sp.key) {
+				spans = append(spans, span{start: sp.start, end: passwordEnd(cs, sp, false)})
+			}
+		}
+	}
+	covered := func(i int) bool {
+		for _, sp := range spans {
+			if sp.start <= i && i < sp.end || sp.start == i {
+				return true
+			}
+		}
+		return false
+	}
+	// Any other "password" (percent-encoded or not, any case): mask from
+	// its value (past any "=", ":" and white space) to the end of the string.
+	dec, at, past := decodedIndex(cs)
+	for off := 0; ; {
+		k := strings.Index(dec[off:], "password")
+		if k < 0 {
+			break
+		}
+		k += off
+		off = k + 1
+		if covered(at[k]) {
+			continue
+		}
+		v := past[k+len("password")-1]
+		for v < n && (isSpace(cs[v]) || cs[v] == '=' || cs[v] == ':') {
+			v++
+		}
+		if !covered(v) {
+			spans = append(spans, span{start: v, end: n})
+		}
+	}
+	// Merge, then mask from the end backwards so that earlier offsets hold.
+	slices.SortFunc(spans, func(a, b span) int { return a.start - b.start })
+	var merged []span
+	for _, sp := range spans {
+		if sp.end <= sp.start {
+			continue
+		}
+		if l := len(merged) - 1; l >= 0 && sp.start <= merged[l].end {
+			merged[l].end = max(merged[l].end, sp.end)
+			continue
+		}
+		merged = append(merged, sp)
+	}
+	var hidden []string
 	keep := func(v string) {
 		if v == "" {
 			return
 		}
-		secrets = append(secrets, v)
+		hidden = append(hidden, v)
 		if d, err := url.QueryUnescape(v); err == nil && d != v {
-			secrets = append(secrets, d)
+			hidden = append(hidden, d)
 		}
 		if t := strings.Trim(v, "'"); t != v && t != "" {
-			secrets = append(secrets, t)
+			hidden = append(hidden, t)
 		}
 		if u := unescapeKV(strings.Trim(v, "'")); u != v && u != "" {
-			secrets = append(secrets, u) // as the parser decoded it
+			hidden = append(hidden, u) // as the parser decoded it
 		}
 	}
-	// Values to mask, from the end backwards so that earlier offsets hold.
-	var spans []span
-	if reURLScheme.MatchString(cs) {
-		if m := reURLUserinfo.FindStringSubmatchIndex(cs); m != nil {
-			spans = append(spans, span{start: m[4], end: m[5]})
-		}
-	}
-	for _, sp := range settings(cs) {
-		if isPasswordKey(sp.key) {
-			spans = append(spans, sp)
-		}
-	}
-	slices.SortFunc(spans, func(a, b span) int { return b.start - a.start })
-	for _, sp := range spans {
+	for i := len(merged) - 1; i >= 0; i-- {
+		sp := merged[i]
 		keep(cs[sp.start:sp.end])
 		cs = cs[:sp.start] + "xxxxx" + cs[sp.end:]
 	}
 	// Longest first, so that a secret containing another is replaced whole.
-	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
-	return cs, secrets
+	slices.SortFunc(hidden, func(a, b string) int { return len(b) - len(a) })
+	return cs, hidden
 }
 
 // connectTimeoutSet reports whether the connection string sets

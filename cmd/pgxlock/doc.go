@@ -196,7 +196,9 @@
 //	0      success; run: the command's own status is passed through
 //	1      unexpected error
 //	64     usage error (EX_USAGE), including a bad key and connection settings
-//	       that cannot be parsed (shown with passwords masked)
+//	       that cannot be parsed (shown with passwords masked: after a password
+//	       that does not parse cleanly, the rest of the string is masked too,
+//	       and the parser's reason is left out if it may quote part of one)
 //	69     cannot connect to the database (refused, unreachable, or no answer
 //	       within the connect timeout), or it refused a query or the lock
 //	       (EX_UNAVAILABLE)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -69,17 +72,17 @@ func cmdLocks(ctx context.Context, args []string, s stdio, e env) int {
 	if !o.watch {
 		conn, err := connect(ctx, e)
 		if err != nil {
-			fmt.Fprintf(s.Err, "pgxlock locks: %v\n", err)
+			msgf(s.Err, "pgxlock locks: %v\n", err)
 			return connFailed(err)
 		}
 		defer closeConn(ctx, conn)
 		snap, err := takeSnapshot(ctx, conn, o.filter)
 		if err != nil {
-			fmt.Fprintf(s.Err, "pgxlock locks: %v\n", err)
+			msgf(s.Err, "pgxlock locks: %v\n", err)
 			return exitUnavailable
 		}
 		if err := writeSnapshot(s.Out, snap, o); err != nil {
-			fmt.Fprintf(s.Err, "pgxlock locks: %v\n", err)
+			msgf(s.Err, "pgxlock locks: %v\n", err)
 			return exitError
 		}
 		return exitOK
@@ -87,7 +90,7 @@ func cmdLocks(ctx context.Context, args []string, s stdio, e env) int {
 	// Settings that cannot be parsed are a usage error, not something
 	// --watch should retry every interval.
 	if _, err := connConfig(e); err != nil {
-		fmt.Fprintf(s.Err, "pgxlock locks: %v\n", err)
+		msgf(s.Err, "pgxlock locks: %v\n", err)
 		return connFailed(err)
 	}
 	return watchLocks(ctx, s, e, o)
@@ -129,15 +132,15 @@ func watchLocks(ctx context.Context, s stdio, e env, o locksOptions) int {
 		}
 		switch {
 		case err != nil && o.json:
-			fmt.Fprintf(s.Err, "pgxlock locks: %s: %v\n", time.Now().Format(time.RFC3339), err)
+			msgf(s.Err, "pgxlock locks: %s: %v\n", time.Now().Format(time.RFC3339), err)
 		case err != nil:
-			fmt.Fprintf(s.Out, "%s  error: %v (retrying every %s)\n\n", time.Now().Format(time.RFC3339), err, o.interval)
+			msgf(s.Out, "%s  error: %v (retrying every %s)\n\n", time.Now().Format(time.RFC3339), err, o.interval)
 		default:
 			if !o.json {
-				fmt.Fprintf(s.Out, "%s  database %s  every %s (Ctrl-C to stop)\n", snap.At.Format(time.RFC3339), snap.Database, o.interval)
+				msgf(s.Out, "%s  database %s  every %s (Ctrl-C to stop)\n", snap.At.Format(time.RFC3339), snap.Database, o.interval)
 			}
 			if werr := writeSnapshot(s.Out, snap, o); werr != nil {
-				fmt.Fprintf(s.Err, "pgxlock locks: %v\n", werr)
+				msgf(s.Err, "pgxlock locks: %v\n", werr)
 				return exitError
 			}
 			if !o.json && !clear {
@@ -310,17 +313,109 @@ func namespaceHint(locks []advisory.LockInfo) string {
 		"(repeatable) or %s=\"NAME=%d,...\" to show ns:NAME(%d)/B.", strings.Join(list, ", "), ids[0], envNamespaces, ids[0], ids[0])
 }
 
-// cell makes a value safe for one table cell: control characters (tabs and
-// newlines would break the table) become spaces, runs of spaces collapse, and
-// values longer than limit runes (if limit > 0) are cut with "...".
+// cell makes a value safe for one table cell: control characters, C0, DEL
+// and C1 (tabs and newlines would break the table, ESC and CSI would reach
+// the terminal) become spaces, runs of spaces collapse, bytes that are not
+// UTF-8 are shown as \xNN, and values longer than limit runes (if limit > 0)
+// are cut with "...".
 func cell(s string, limit int) string {
-	s = strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r < ' ' || r == ' ' || r == 0x7f }), " ")
+	s = escapeInvalidUTF8(s)
+	s = strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r == ' ' || unicode.IsControl(r) }), " ")
 	if limit > 0 {
 		if r := []rune(s); len(r) > limit {
 			s = string(r[:limit-3]) + "..."
 		}
 	}
 	return orDash(s)
+}
+
+// escapeInvalidUTF8 writes each byte of s that is not part of a UTF-8
+// character as \xNN.
+func escapeInvalidUTF8(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, w := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && w == 1 {
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		} else {
+			b.WriteString(s[i : i+w])
+		}
+		i += w
+	}
+	return b.String()
+}
+
+// safeText makes a message of pgxlock's own (which may quote text from the
+// server: an error, a database name) safe for a terminal: control
+// characters other than newline and tab, C0, DEL and C1, are written as
+// \xNN or \uNNNN, and bytes that are not UTF-8 as \xNN.
+func safeText(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, unsafeControl) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, w := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && w == 1, r < 0x80 && unsafeControl(r):
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case unsafeControl(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteString(s[i : i+w])
+		}
+		i += w
+	}
+	return b.String()
+}
+
+func unsafeControl(r rune) bool { return unicode.IsControl(r) && r != '\n' && r != '\t' }
+
+// msgf prints a message of pgxlock's own through safeText. Never for the
+// command's output, which `run` passes through as it is.
+func msgf(w io.Writer, format string, a ...any) {
+	fmt.Fprint(w, safeText(fmt.Sprintf(format, a...)))
+}
+
+// jsonControlSafe escapes the C1 control characters that encoding/json
+// leaves raw in strings (it escapes C0 ones) as \u00NN, and replaces bytes
+// that are not UTF-8 (which a json.RawMessage may carry) by \ufffd, as
+// encoding/json does in strings. The JSON means the same: outside strings
+// the document is ASCII.
+func jsonControlSafe(doc []byte) []byte {
+	if !bytes.ContainsFunc(doc, func(r rune) bool { return r == utf8.RuneError || unicode.IsControl(r) && r >= 0x80 }) {
+		return doc
+	}
+	out := make([]byte, 0, len(doc)+16)
+	for i := 0; i < len(doc); {
+		r, w := utf8.DecodeRune(doc[i:])
+		switch {
+		case r == utf8.RuneError && w == 1:
+			out = append(out, `\ufffd`...)
+		case r >= 0x80 && unicode.IsControl(r):
+			out = fmt.Appendf(out, `\u%04x`, r)
+		default:
+			out = append(out, doc[i:i+w]...)
+		}
+		i += w
+	}
+	return out
+}
+
+// encodeJSON writes v as one line of JSON (no HTML escaping), with
+// jsonControlSafe applied.
+func encodeJSON(w io.Writer, v any) error {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(jsonControlSafe(buf.Bytes()))
+	return err
 }
 
 func orDash(s string) string {
@@ -421,9 +516,7 @@ func writeLocksJSON(w io.Writer, snap snapshot, showQuery bool) error {
 		}
 		doc.Locks = append(doc.Locks, j)
 	}
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	return enc.Encode(doc)
+	return encodeJSON(w, doc)
 }
 
 func timePtr(t time.Time) *time.Time {
