@@ -34,10 +34,11 @@ type ColumnConfig struct {
 	// judged with half a unit of its precision added to the TTL, read from
 	// the catalog by every statement (see the package documentation).
 	// A column of another type (a date truncates now() to the day, so every
-	// lease would look expired) is refused: by Migrate, and by a Column's
-	// acquisitions, which check the type, through any domains, until they
-	// have seen it right once (a column altered to another type after that
-	// is not seen). Default "locked_at".
+	// lease would look expired) is refused: by Migrate (ErrInvalid), and by
+	// a Column's acquisitions, which check the type, through any domains,
+	// until they have seen it right once (a column altered to another type
+	// after that is not seen): ErrInvalid for a date, the server's 42883 for
+	// a type that does not compare with a timestamp. Default "locked_at".
 	LockedAtColumn string
 	// OwnerColumn is a nullable text or uuid column holding the random token
 	// of the current acquisition. Release and Renew only touch a row whose
@@ -290,8 +291,10 @@ func (c *Column) TTL() time.Duration { return c.ttl }
 // ctx governs the one round trip. It returns ErrNotAcquired when another
 // holder's lease is live or the row is locked past TryLockTimeout,
 // ErrNotFound when no row has this id, ErrInvalid (claiming nothing) for a
-// locked-at column that is not timestamptz or timestamp (see ColumnConfig),
-// ErrInvalid for a nil or typed-nil id
+// locked-at column of a type that compares with a timestamp but is not
+// timestamptz or timestamp, a date (see ColumnConfig; one that does not
+// compare with a timestamp at all, text or interval, fails with the
+// server's 42883, claiming nothing too), ErrInvalid for a nil or typed-nil id
 // and for a string-like id (a string or named string type, a []byte, or a
 // pointer to one of them) with a NUL byte or invalid UTF-8 or longer than
 // MaxResourceLen (a []byte id is checked as text). If the statement's

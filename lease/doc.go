@@ -216,12 +216,14 @@
 // the path), as is everything in the frame's own statement; so are the
 // comparisons of a column lease's locked-at, owner and fence columns, and
 // every function and operator of the fencing token's arithmetic and of the
-// lease ids' concatenation. A look-alike whose result type differs from
+// lease ids' concatenation, and every function and aggregate of the
+// lock-manager statements (count, min, bool_or, pg_notify). A look-alike
+// whose result type differs from
 // pg_catalog's (a * on bigints returning boolean) is seen by pgx's
 // preparation, which runs before the frame: where it stands for an
 // operator this package does not name in pg_catalog (a comparison of the
 // lock-manager tables' columns, say), that preparation fails, in the cache
-// exec modes, with an error (42804 or 42883), and nothing runs; a
+// exec modes, with an error (42804, 42883, ...), and nothing runs; a
 // look-alike is never executed in place of pg_catalog's. The
 // tables, and the comparison of a column lease's id column (whose type may
 // come from any schema: citext, a domain), still resolve through the rest of
@@ -277,14 +279,20 @@
 // the rows the policy shows it: under a policy that shows each role its own
 // rows, two roles could both hold a resource exclusively. Every
 // lock-manager statement except List and ListIntents therefore runs with
-// row_security = off for its transaction: where a policy would filter it,
-// it fails with SQLSTATE 42501 (a *Error wrapping the *pgconn.PgError) and
-// changes nothing. Roles that bypass row security (the tables' owner when
-// FORCE ROW LEVEL SECURITY is not set, superusers, BYPASSRLS roles) are
+// row_security = off for its transaction: where row-level security applies
+// to the caller on either table, under any policy (even USING (true), which
+// hides nothing: PostgreSQL refuses by whether policies apply, not by what
+// they would hide), it fails with SQLSTATE 42501 (a *Error wrapping the
+// *pgconn.PgError) and changes nothing; so a lease taken before row
+// security was enabled can then be neither renewed nor released, and ends
+// at its TTL. Roles that bypass row security (the tables' owner when FORCE
+// ROW LEVEL SECURITY is not set, superusers, BYPASSRLS roles) are
 // unaffected. List and ListIntents, read-only inspections, show what the
 // policies let the caller see. Column leases keep row security: each
 // statement matches one row by its key, and a row a policy hides from the
-// caller is reported as not found (ErrNotFound), never taken. [Fence.Update]
+// caller is never taken: it is reported as not found (ErrNotFound), or as
+// busy (ErrNotAcquired) where a policy shows it to SELECT but hides it from
+// UPDATE. [Fence.Update]
 // runs in your transaction, under your session's row_security.
 //
 // # Choosing the TTL

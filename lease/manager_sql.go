@@ -172,7 +172,7 @@ waiting AS (
 	UPDATE {resources} r SET
 		writer_intent = CASE WHEN w.by_writer THEN NULL ELSE $7::pg_catalog.text END,
 		writer_intent_until = CASE WHEN w.by_writer THEN NULL ELSE pg_catalog.now() + $8::interval END
-	FROM (SELECT bool_or(kind = 'exclusive') AS by_writer FROM blockers) w
+	FROM (SELECT pg_catalog.bool_or(kind = 'exclusive') AS by_writer FROM blockers) w
 	WHERE r.resource = $1 AND $7::pg_catalog.text IS NOT NULL AND EXISTS (SELECT 1 FROM blockers)
 	  AND (NOT w.by_writer OR r.writer_intent = $7::pg_catalog.text)
 ),
@@ -182,7 +182,7 @@ inserted AS (
 	RETURNING token, acquired_at, expires_at
 )
 SELECT i.token, i.acquired_at, i.expires_at,
-	(SELECT CASE WHEN pg_catalog.isfinite(min(until)) THEN extract(epoch FROM min(until) - pg_catalog.now())::pg_catalog.float8 END FROM blockers)
+	(SELECT CASE WHEN pg_catalog.isfinite(pg_catalog.min(until)) THEN extract(epoch FROM pg_catalog.min(until) - pg_catalog.now())::pg_catalog.float8 END FROM blockers)
 FROM (VALUES (1)) AS one (x) LEFT JOIN inserted i ON true`
 
 	// Extends a live lease only. An expired one cannot be revived: someone
@@ -202,7 +202,7 @@ WITH released AS (
 	DELETE FROM {holders} WHERE resource = $1 AND token = $2 AND ` + ownRowSQL + `
 	RETURNING resource
 )
-SELECT count(*) FROM released, LATERAL pg_notify($4, pg_catalog.md5(pg_catalog.convert_to(released.resource, 'UTF8')))`
+SELECT pg_catalog.count(*) FROM released, LATERAL pg_catalog.pg_notify($4, pg_catalog.md5(pg_catalog.convert_to(released.resource, 'UTF8')))`
 
 	// Undoes whatever an attempt with an unknown outcome, or an abandoned
 	// wait, may have left: its lease row (by lease_id, unique to the call)
@@ -217,8 +217,8 @@ cleared AS (
 	WHERE resource = $1 AND writer_intent = $3::pg_catalog.text
 	RETURNING resource
 )
-SELECT count(*) FROM (SELECT resource FROM gone UNION ALL SELECT resource FROM cleared) x,
-	LATERAL pg_notify($4, pg_catalog.md5(pg_catalog.convert_to(x.resource, 'UTF8')))`
+SELECT pg_catalog.count(*) FROM (SELECT resource FROM gone UNION ALL SELECT resource FROM cleared) x,
+	LATERAL pg_catalog.pg_notify($4, pg_catalog.md5(pg_catalog.convert_to(x.resource, 'UTF8')))`
 
 	// Notifications with the same channel and payload in one transaction are
 	// delivered once, so notifying per row is cheap.
@@ -231,7 +231,7 @@ WITH released AS (
 		FOR UPDATE))
 	RETURNING resource
 )
-SELECT count(*) FROM released, LATERAL pg_notify($2, pg_catalog.md5(pg_catalog.convert_to(released.resource, 'UTF8')))`
+SELECT pg_catalog.count(*) FROM released, LATERAL pg_catalog.pg_notify($2, pg_catalog.md5(pg_catalog.convert_to(released.resource, 'UTF8')))`
 
 	// SKIP LOCKED: a row being renewed, released or judged by an acquirer
 	// right now is left to them.
@@ -244,7 +244,7 @@ WITH swept AS (
 		FOR UPDATE SKIP LOCKED))
 	RETURNING resource
 )
-SELECT count(*) FROM swept, LATERAL pg_notify($1, pg_catalog.md5(pg_catalog.convert_to(swept.resource, 'UTF8')))`
+SELECT pg_catalog.count(*) FROM swept, LATERAL pg_catalog.pg_notify($1, pg_catalog.md5(pg_catalog.convert_to(swept.resource, 'UTF8')))`
 
 	// List and ListIntents run outside the frame (see exec), and a
 	// timestamp read as text (pgx's Exec and simple protocol modes) is

@@ -305,6 +305,8 @@ func TestSearchPathLookAlikesOfAnotherResultTypeDoNotBreakAcquisition(t *testing
 		`CREATE OPERATOR %[1]s.|| (LEFTARG = text, RIGHTARG = text, FUNCTION = %[1]s.tt)`,
 		`CREATE FUNCTION %[1]s.substr(text, integer, integer) RETURNS boolean LANGUAGE sql AS 'SELECT true'`,
 		`CREATE FUNCTION %[1]s.pg_walfile_name(pg_lsn) RETURNS boolean LANGUAGE sql AS 'SELECT true'`,
+		// Not an aggregate: count(*) resolved to it fails with 42809 (review 26).
+		`CREATE FUNCTION %[1]s.count() RETURNS bigint LANGUAGE sql AS 'SELECT 0::bigint'`,
 	} {
 		mustExec(t, p1, fmt.Sprintf(ddl, shadow))
 	}
@@ -320,6 +322,10 @@ func TestSearchPathLookAlikesOfAnotherResultTypeDoNotBreakAcquisition(t *testing
 	require.NoError(t, err)
 	assert.Positive(t, l.Token())
 	require.NoError(t, l.Release(ctx))
+	_, err = mh.Sweep(ctx)
+	require.NoError(t, err)
+	_, err = mh.ReleaseAll(ctx, "nobody")
+	require.NoError(t, err)
 
 	table := pgx.Identifier{schema, "jobs"}.Sanitize()
 	mustExec(t, p1, "CREATE TABLE "+table+" (id bigint PRIMARY KEY)")
