@@ -101,7 +101,8 @@ import (
 // cancellation arrived returns nil. The call's timeout (Options.Timeout,
 // Config.LockTimeout) and ctx's deadline bound the lock wait on the server
 // (lock_timeout, all keys together, as for WithXactLockAll); b's statements
-// run with the session's own lock_timeout (see WithXactLock). So once the pipeline is
+// run with the session's own lock_timeout as pooltx first found it (see
+// WithXactLock). So once the pipeline is
 // sent, only ctx bounds the call on the client: a server or network that
 // stops answering holds it until ctx ends (give ctx a deadline; the call
 // then returns pooltx.ErrCommitUnknown within half a second of it). After the call the pooled

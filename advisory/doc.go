@@ -303,7 +303,8 @@
 //     long as it allows, then fails with [ErrLockTimeout] (55P03). Any bound,
 //     a context deadline included, replaces it for the wait only; a
 //     transaction callback runs with it (or with the session's own, from
-//     a SET in AfterConnect: see WithXactLock).
+//     a SET in AfterConnect, as first found on the connection: see
+//     WithXactLock).
 //   - statement_timeout ends a lock wait that outlasts it, whatever the
 //     call's bound, in every blocking form: [ErrLockTimeout], with the
 //     57014 kept in the chain. A 57014 from the library's cancel request,

@@ -17,10 +17,13 @@ import (
 // lock lasts until the transaction ends: nothing is unlocked by hand, and a
 // rollback, a failed commit or a dead connection releases it.
 //
-// fn runs with the session's own lock_timeout, as the pool gave the
-// connection out (the server's, database's, role's or connection string's,
-// or one a SET in pgxpool's AfterConnect gave it): the wait's own timeout
-// is set back to it with SET LOCAL before fn, storing nothing.
+// fn runs with the session's own lock_timeout as pooltx first found it on
+// this connection, which every reset returns it to (the server's,
+// database's, role's or connection string's, or one a SET in pgxpool's
+// AfterConnect gave it): the wait's own timeout is set back to it with SET
+// LOCAL before fn, storing nothing. A value set per borrow (PrepareConn,
+// BeforeAcquire) or left on the connection by other code of the pool since
+// is not seen: fn gets the first one (see pooltx.Conn.SessionLockTimeout).
 // ctx governs the wait for a connection, the lock wait (as for WithLock),
 // fn and COMMIT. When fn returns an error or the wait fails, the
 // transaction is rolled back under a fresh context bounded by
