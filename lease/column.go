@@ -312,13 +312,14 @@ func (c *Column) TryAcquire(ctx context.Context, id any) (*ColumnLease, error) {
 	l.started = time.Now()
 	var token *int64
 	var exists bool
-	var typName *string
-	var typOK *bool
-	checking := !c.typeChecked.Load()
+	var chk *lockedAtCheck // only until the type was seen right: no allocation after
+	if !c.typeChecked.Load() {
+		chk = &lockedAtCheck{}
+	}
 	err := exec(ctx, c.pool, c.releaseTimeout, waitTry, func(b *pgx.Batch) {
-		if checking {
+		if chk != nil {
 			b.Queue(c.checkedSQL, id, l.owner, c.ttl, c.table, c.lockedAt).QueryRow(func(row pgx.Row) error {
-				return row.Scan(&token, &exists, &typName, &typOK)
+				return row.Scan(&token, &exists, &chk.name, &chk.ok)
 			})
 			return
 		}
@@ -326,10 +327,10 @@ func (c *Column) TryAcquire(ctx context.Context, id any) (*ColumnLease, error) {
 			return row.Scan(&token, &exists)
 		})
 	})
-	if checking && err == nil && typOK != nil {
-		if !*typOK {
+	if chk != nil && err == nil && chk.ok != nil {
+		if !*chk.ok {
 			return nil, opError(op, l.Resource(), fmt.Errorf("%w: locked-at column %s is %s, not timestamptz or timestamp",
-				ErrInvalid, quote(c.lockedAt), *typName))
+				ErrInvalid, quote(c.lockedAt), *chk.name))
 		}
 		c.typeChecked.Store(true)
 	}
@@ -349,6 +350,14 @@ func (c *Column) TryAcquire(ctx context.Context, id any) (*ColumnLease, error) {
 	default:
 		return nil, opError(op, l.Resource(), ErrNotAcquired)
 	}
+}
+
+// lockedAtCheck is what checkedAcquireSQL read of the locked-at column's
+// type: its base type's name and whether it is timestamptz or timestamp
+// (both nil when the column is not in the catalog).
+type lockedAtCheck struct {
+	name *string
+	ok   *bool
 }
 
 // ColumnLease is one acquisition of a row. Its methods are safe for
