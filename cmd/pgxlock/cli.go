@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,6 +48,9 @@ const connectTimeout = 10 * time.Second
 type stdio struct {
 	In       io.Reader
 	Out, Err io.Writer
+	// hide returns the secrets of the invocation's connection settings
+	// (see secretsOf), which s.msgf scrubs from every message; nil: none.
+	hide func() []string
 }
 
 // env is the environment of one invocation, as os.Environ returns it.
@@ -67,8 +71,8 @@ func (e env) get(name string) string {
 // process exit status. main passes os.Args[1:], the standard streams and
 // os.Environ; tests pass their own.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, environ []string) int {
-	s := stdio{In: stdin, Out: stdout, Err: stderr}
 	e := env(environ)
+	s := stdio{In: stdin, Out: stdout, Err: stderr, hide: sync.OnceValue(func() []string { return secretsOf(e) })}
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return exitUsage
@@ -189,7 +193,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
 
 // usageError prints a usage message for a subcommand and returns exitUsage.
 func usageError(s stdio, name, format string, a ...any) int {
-	msgf(s.Err, "pgxlock %s: %s\n(run \"pgxlock help %s\" for usage)\n", name, fmt.Sprintf(format, a...), name)
+	s.msgf(s.Err, "pgxlock %s: %s\n(run \"pgxlock help %s\" for usage)\n", name, fmt.Sprintf(format, a...), name)
 	return exitUsage
 }
 
@@ -392,11 +396,13 @@ var (
 	// scheme://: a URL, whatever pgx makes of it (with a leading space it
 	// reads it as key=value, and quotes it whole in its error).
 	reURLScheme = regexp.MustCompile(`^\s*[A-Za-z][A-Za-z0-9+.-]*://`)
-	// scheme://user:PASSWORD@host...: everything between the first colon of
-	// the user info and the last @ of the string, which over-masks a
+	// scheme://user:PASSWORD@host...: everything between the first colon
+	// after the scheme and the last @ of the string, which over-masks a
 	// malformed URL (a password with an unescaped / or ? in it, an @ in the
-	// query) rather than show part of a password.
-	reURLUserinfo = regexp.MustCompile(`^(\s*[A-Za-z][A-Za-z0-9+.-]*://[^:/@?#]*:)(.*)@`)
+	// user name or the query) rather than show part of a password.
+	// The user part may hold @, / or ? (the Azure "user@server" form
+	// written without %40): the password starts at the first colon.
+	reURLUserinfo = regexp.MustCompile(`^(\s*[A-Za-z][A-Za-z0-9+.-]*://[^:]*:)(.*)@`)
 )
 
 // isPasswordKey reports whether a setting's key (decoded) holds a secret:

@@ -196,12 +196,17 @@
 //	0      success; run: the command's own status is passed through
 //	1      unexpected error
 //	64     usage error (EX_USAGE), including a bad key and connection settings
-//	       that cannot be parsed (shown with passwords masked: after a password
-//	       that does not parse cleanly, the rest of the string is masked too,
+//	       that cannot be parsed (shown with passwords masked: in a URL, the
+//	       whole user info after its first colon up to the last @; after a
+//	       password that does not parse cleanly, the rest of the string too;
 //	       and the parser's reason is left out if it may quote part of one)
 //	69     cannot connect to the database (refused, unreachable, or no answer
 //	       within the connect timeout), or it refused a query or the lock
-//	       (EX_UNAVAILABLE)
+//	       (EX_UNAVAILABLE); the error is shown with every text of three bytes
+//	       or more that is or may be part of a password (as masked for 64, the
+//	       password pgx parsed, PGPASSWORD) replaced by xxxxx, and as its class
+//	       alone (such as "connect: failed to connect") if it still shares
+//	       four bytes in a row with one
 //	70     run: the lock was lost while the command ran (EX_SOFTWARE)
 //	75     run --try: the key is held by another session (EX_TEMPFAIL)
 //	124    run --wait: the wait timed out (as timeout(1))
@@ -212,4 +217,7 @@
 //
 // A command may exit with any of these numbers itself; pgxlock's own
 // messages on stderr (prefixed "pgxlock run:") tell them apart.
+//
+// All of pgxlock's messages (on stderr, and --watch's error lines on stdout)
+// are scrubbed of those password texts in the same way as for 69.
 package main

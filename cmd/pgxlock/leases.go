@@ -45,19 +45,19 @@ func cmdLeases(ctx context.Context, args []string, s stdio, e env) int {
 
 	cfg, err := connConfig(e)
 	if err != nil {
-		msgf(s.Err, "pgxlock leases: %v\n", err)
+		s.msgf(s.Err, "pgxlock leases: %v\n", err)
 		return connFailed(err)
 	}
 	pcfg, err := pgxpool.ParseConfig("")
 	if err != nil {
-		msgf(s.Err, "pgxlock leases: %v\n", err)
+		s.msgf(s.Err, "pgxlock leases: %v\n", err)
 		return exitError
 	}
 	pcfg.ConnConfig = cfg
 	pcfg.MaxConns = 1
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		msgf(s.Err, "pgxlock leases: %v\n", err)
+		s.msgf(s.Err, "pgxlock leases: %v\n", err)
 		return exitUnavailable
 	}
 	defer pool.Close()
@@ -72,20 +72,20 @@ func cmdLeases(ctx context.Context, args []string, s stdio, e env) int {
 			return usageError(s, "leases", "%v", err)
 		}
 		if notLeaseTable(err) {
-			msgf(s.Err, "pgxlock leases: %q is not a pgxlock lease table (%v); pass --table [SCHEMA.]TABLE as in lease.ManagerConfig\n", table, err)
+			s.msgf(s.Err, "pgxlock leases: %q is not a pgxlock lease table (%v); pass --table [SCHEMA.]TABLE as in lease.ManagerConfig\n", table, err)
 			return exitUnavailable
 		}
-		msgf(s.Err, "pgxlock leases: %v%s\n", err, missingTableHint(err, table))
+		s.msgf(s.Err, "pgxlock leases: %v%s\n", err, missingTableHint(err, table))
 		return exitUnavailable
 	}
 	intents, err := m.ListIntents(ctx, &lease.ListOptions{Resource: resource, IncludeExpired: true})
 	if err != nil {
-		msgf(s.Err, "pgxlock leases: %v\n", err)
+		s.msgf(s.Err, "pgxlock leases: %v\n", err)
 		return exitUnavailable
 	}
 	now, err := serverClock(ctx, pool)
 	if err != nil {
-		msgf(s.Err, "pgxlock leases: read the server clock: %v\n", err)
+		s.msgf(s.Err, "pgxlock leases: read the server clock: %v\n", err)
 		return exitUnavailable
 	}
 	if asJSON {
@@ -94,7 +94,7 @@ func cmdLeases(ctx context.Context, args []string, s stdio, e env) int {
 		err = writeLeasesText(s.Out, now, holders, intents)
 	}
 	if err != nil {
-		msgf(s.Err, "pgxlock leases: %v\n", err)
+		s.msgf(s.Err, "pgxlock leases: %v\n", err)
 		return exitError
 	}
 	return exitOK
@@ -193,9 +193,11 @@ func writeIntentsText(w io.Writer, now time.Time, intents []lease.Intent) error 
 
 // quoteCell shows a user-chosen name in one table cell: as is when it is
 // plain, quoted (Go syntax) when it holds spaces, control characters (C0,
-// DEL or C1) or bytes that are not UTF-8, cut to limit runes.
+// DEL or C1), invisible format characters (bidi controls, zero-width
+// characters: see invisibleFormat) or bytes that are not UTF-8, cut to
+// limit runes.
 func quoteCell(s string, limit int) string {
-	if s == "" || !utf8.ValidString(s) || strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == '"' || unicode.IsControl(r) }) {
+	if s == "" || !utf8.ValidString(s) || strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == '"' || unicode.IsControl(r) || invisibleFormat(r) }) {
 		s = strconv.Quote(s)
 	}
 	if r := []rune(s); len(r) > limit {

@@ -72,17 +72,17 @@ func cmdLocks(ctx context.Context, args []string, s stdio, e env) int {
 	if !o.watch {
 		conn, err := connect(ctx, e)
 		if err != nil {
-			msgf(s.Err, "pgxlock locks: %v\n", err)
+			s.msgf(s.Err, "pgxlock locks: %v\n", err)
 			return connFailed(err)
 		}
 		defer closeConn(ctx, conn)
 		snap, err := takeSnapshot(ctx, conn, o.filter)
 		if err != nil {
-			msgf(s.Err, "pgxlock locks: %v\n", err)
+			s.msgf(s.Err, "pgxlock locks: %v\n", err)
 			return exitUnavailable
 		}
 		if err := writeSnapshot(s.Out, snap, o); err != nil {
-			msgf(s.Err, "pgxlock locks: %v\n", err)
+			s.msgf(s.Err, "pgxlock locks: %v\n", err)
 			return exitError
 		}
 		return exitOK
@@ -90,7 +90,7 @@ func cmdLocks(ctx context.Context, args []string, s stdio, e env) int {
 	// Settings that cannot be parsed are a usage error, not something
 	// --watch should retry every interval.
 	if _, err := connConfig(e); err != nil {
-		msgf(s.Err, "pgxlock locks: %v\n", err)
+		s.msgf(s.Err, "pgxlock locks: %v\n", err)
 		return connFailed(err)
 	}
 	return watchLocks(ctx, s, e, o)
@@ -132,15 +132,15 @@ func watchLocks(ctx context.Context, s stdio, e env, o locksOptions) int {
 		}
 		switch {
 		case err != nil && o.json:
-			msgf(s.Err, "pgxlock locks: %s: %v\n", time.Now().Format(time.RFC3339), err)
+			s.msgf(s.Err, "pgxlock locks: %s: %v\n", time.Now().Format(time.RFC3339), err)
 		case err != nil:
-			msgf(s.Out, "%s  error: %v (retrying every %s)\n\n", time.Now().Format(time.RFC3339), err, o.interval)
+			s.msgf(s.Out, "%s  error: %v (retrying every %s)\n\n", time.Now().Format(time.RFC3339), err, o.interval)
 		default:
 			if !o.json {
-				msgf(s.Out, "%s  database %s  every %s (Ctrl-C to stop)\n", snap.At.Format(time.RFC3339), snap.Database, o.interval)
+				s.msgf(s.Out, "%s  database %s  every %s (Ctrl-C to stop)\n", snap.At.Format(time.RFC3339), snap.Database, o.interval)
 			}
 			if werr := writeSnapshot(s.Out, snap, o); werr != nil {
-				msgf(s.Err, "pgxlock locks: %v\n", werr)
+				s.msgf(s.Err, "pgxlock locks: %v\n", werr)
 				return exitError
 			}
 			if !o.json && !clear {
@@ -315,12 +315,13 @@ func namespaceHint(locks []advisory.LockInfo) string {
 
 // cell makes a value safe for one table cell: control characters, C0, DEL
 // and C1 (tabs and newlines would break the table, ESC and CSI would reach
-// the terminal) become spaces, runs of spaces collapse, bytes that are not
+// the terminal), and the invisible format characters of invisibleFormat
+// (a bidi override would reorder the rest of the row) become spaces, runs of spaces collapse, bytes that are not
 // UTF-8 are shown as \xNN, and values longer than limit runes (if limit > 0)
 // are cut with "...".
 func cell(s string, limit int) string {
 	s = escapeInvalidUTF8(s)
-	s = strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r == ' ' || unicode.IsControl(r) }), " ")
+	s = strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r == ' ' || unicode.IsControl(r) || invisibleFormat(r) }), " ")
 	if limit > 0 {
 		if r := []rune(s); len(r) > limit {
 			s = string(r[:limit-3]) + "..."
@@ -350,8 +351,10 @@ func escapeInvalidUTF8(s string) string {
 
 // safeText makes a message of pgxlock's own (which may quote text from the
 // server: an error, a database name) safe for a terminal: control
-// characters other than newline and tab, C0, DEL and C1, are written as
-// \xNN or \uNNNN, and bytes that are not UTF-8 as \xNN.
+// characters other than newline and tab, C0, DEL and C1, and the invisible
+// format characters of invisibleFormat (bidi controls, zero-width
+// characters) are written as \xNN or \uNNNN, and bytes that are not UTF-8
+// as \xNN.
 func safeText(s string) string {
 	if utf8.ValidString(s) && !strings.ContainsFunc(s, unsafeControl) {
 		return s
@@ -372,21 +375,40 @@ func safeText(s string) string {
 	return b.String()
 }
 
-func unsafeControl(r rune) bool { return unicode.IsControl(r) && r != '\n' && r != '\t' }
+func unsafeControl(r rune) bool {
+	return unicode.IsControl(r) && r != '\n' && r != '\t' || invisibleFormat(r)
+}
 
-// msgf prints a message of pgxlock's own through safeText. Never for the
-// command's output, which `run` passes through as it is.
+// invisibleFormat reports whether r is a bidi control (U+200E, U+200F,
+// U+202A..U+202E, U+2066..U+2069), which reorders the text that follows it
+// on a terminal, or a zero-width character (U+200B..U+200D, U+2060,
+// U+FEFF), which hides in it: the output filters treat them as control
+// characters.
+func invisibleFormat(r rune) bool {
+	switch {
+	case r == 0x200e, r == 0x200f, 0x202a <= r && r <= 0x202e, 0x2066 <= r && r <= 0x2069,
+		0x200b <= r && r <= 0x200d, r == 0x2060, r == 0xfeff:
+		return true
+	}
+	return false
+}
+
+// msgf prints a message of pgxlock's own through safeText, as is: the
+// subcommands use stdio.msgf, which also scrubs the connection settings'
+// secrets. Never for the command's output, which `run` passes through as
+// it is.
 func msgf(w io.Writer, format string, a ...any) {
 	fmt.Fprint(w, safeText(fmt.Sprintf(format, a...)))
 }
 
-// jsonControlSafe escapes the C1 control characters that encoding/json
-// leaves raw in strings (it escapes C0 ones) as \u00NN, and replaces bytes
+// jsonControlSafe escapes DEL, the C1 control characters and the invisible
+// format characters of invisibleFormat, which encoding/json leaves raw in
+// strings (it escapes C0 ones), as \u007f, \u00NN and \uNNNN, and replaces bytes
 // that are not UTF-8 (which a json.RawMessage may carry) by \ufffd, as
 // encoding/json does in strings. The JSON means the same: outside strings
 // the document is ASCII.
 func jsonControlSafe(doc []byte) []byte {
-	if !bytes.ContainsFunc(doc, func(r rune) bool { return r == utf8.RuneError || unicode.IsControl(r) && r >= 0x80 }) {
+	if !bytes.ContainsFunc(doc, func(r rune) bool { return r == utf8.RuneError || jsonEscaped(r) }) {
 		return doc
 	}
 	out := make([]byte, 0, len(doc)+16)
@@ -395,7 +417,7 @@ func jsonControlSafe(doc []byte) []byte {
 		switch {
 		case r == utf8.RuneError && w == 1:
 			out = append(out, `\ufffd`...)
-		case r >= 0x80 && unicode.IsControl(r):
+		case jsonEscaped(r):
 			out = fmt.Appendf(out, `\u%04x`, r)
 		default:
 			out = append(out, doc[i:i+w]...)
@@ -403,6 +425,12 @@ func jsonControlSafe(doc []byte) []byte {
 		i += w
 	}
 	return out
+}
+
+// jsonEscaped reports whether jsonControlSafe escapes r: DEL, C1 and the
+// invisible format characters. (Outside strings the document holds none.)
+func jsonEscaped(r rune) bool {
+	return r == 0x7f || r >= 0x80 && unicode.IsControl(r) || invisibleFormat(r)
 }
 
 // encodeJSON writes v as one line of JSON (no HTML escaping), with

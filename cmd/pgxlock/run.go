@@ -46,7 +46,7 @@ func cmdRun(ctx context.Context, args []string, s stdio, e env) int {
 	// Resolve the command before touching the lock: a typo must not take it.
 	path, err := exec.LookPath(o.argv[0])
 	if err != nil {
-		msgf(s.Err, "pgxlock run: %v\n", err)
+		s.msgf(s.Err, "pgxlock run: %v\n", err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			return exitNotFound
 		}
@@ -61,12 +61,12 @@ func cmdRun(ctx context.Context, args []string, s stdio, e env) int {
 
 	cfg, err := connConfig(e)
 	if err != nil {
-		msgf(s.Err, "pgxlock run: %v; the command was not run\n", err)
+		s.msgf(s.Err, "pgxlock run: %v; the command was not run\n", err)
 		return connFailed(err)
 	}
 	pcfg, err := pgxpool.ParseConfig("")
 	if err != nil {
-		msgf(s.Err, "pgxlock run: %v\n", err)
+		s.msgf(s.Err, "pgxlock run: %v\n", err)
 		return exitError
 	}
 	pcfg.ConnConfig = cfg
@@ -85,7 +85,7 @@ func cmdRun(ctx context.Context, args []string, s stdio, e env) int {
 	pcfg.MaxConns = 2
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		msgf(s.Err, "pgxlock run: %v\n", err)
+		s.msgf(s.Err, "pgxlock run: %v\n", err)
 		return exitUnavailable
 	}
 	defer pool.Close()
@@ -97,7 +97,7 @@ func cmdRun(ctx context.Context, args []string, s stdio, e env) int {
 	// (bounded by the connect timeout, not by --wait: see acquire).
 	locker, err := advisory.New(pool, advisory.Config{HeartbeatInterval: hb, AllowProxy: true})
 	if err != nil {
-		msgf(s.Err, "pgxlock run: %v\n", err)
+		s.msgf(s.Err, "pgxlock run: %v\n", err)
 		return exitError
 	}
 
@@ -107,14 +107,14 @@ func cmdRun(ctx context.Context, args []string, s stdio, e env) int {
 		return code
 	}
 	if o.verbose {
-		msgf(s.Err, "pgxlock run: acquired %s (%s) after %s\n", o.key, modeName(o.shared), fmtDuration(time.Since(start)))
+		s.msgf(s.Err, "pgxlock run: acquired %s (%s) after %s\n", o.key, modeName(o.shared), fmtDuration(time.Since(start)))
 	}
 	held := time.Now()
 	code, lost := supervise(h, path, o, sigs, s, e)
 	if o.verbose && !lost {
 		// After a loss supervise has said what happened; "released" would
 		// contradict it.
-		msgf(s.Err, "pgxlock run: released %s after %s\n", o.key, fmtDuration(time.Since(held)))
+		s.msgf(s.Err, "pgxlock run: released %s after %s\n", o.key, fmtDuration(time.Since(held)))
 	}
 	return code
 }
@@ -250,7 +250,7 @@ func acquire(ctx context.Context, locker *advisory.Locker, o runOptions, sigs <-
 			// Granted just as the signal came: give it back.
 			_ = r.h.Unlock(context.Background())
 		}
-		msgf(s.Err, "pgxlock run: %s while waiting for %s; the command was not run\n", got, o.key)
+		s.msgf(s.Err, "pgxlock run: %s while waiting for %s; the command was not run\n", got, o.key)
 		return nil, exitSignalBase + signalNumber(got), false
 	}
 	if r.err == nil {
@@ -261,16 +261,16 @@ func acquire(ctx context.Context, locker *advisory.Locker, o runOptions, sigs <-
 		// Checked first: a connection that could not be had (also one lost
 		// between the ping and the lock) is unavailable (69), not a busy key
 		// that timed out (124).
-		msgf(s.Err, "pgxlock run: %v; the command was not run\n", r.err)
+		s.msgf(s.Err, "pgxlock run: %v; the command was not run\n", r.err)
 		return nil, exitUnavailable, false
 	case errors.Is(r.err, advisory.ErrNotAcquired):
-		msgf(s.Err, "pgxlock run: %s is busy%s; the command was not run\n", o.key, holders(ctx, locker.Pool(), o.key))
+		s.msgf(s.Err, "pgxlock run: %s is busy%s; the command was not run\n", o.key, holders(ctx, locker.Pool(), o.key))
 		return nil, exitBusy, false
 	case errors.Is(r.err, advisory.ErrLockTimeout):
-		msgf(s.Err, "pgxlock run: timed out after %s waiting for %s%s; the command was not run\n", o.wait, o.key, holders(ctx, locker.Pool(), o.key))
+		s.msgf(s.Err, "pgxlock run: timed out after %s waiting for %s%s; the command was not run\n", o.wait, o.key, holders(ctx, locker.Pool(), o.key))
 		return nil, exitTimeout, false
 	default:
-		msgf(s.Err, "pgxlock run: %v; the command was not run\n", r.err)
+		s.msgf(s.Err, "pgxlock run: %v; the command was not run\n", r.err)
 		return nil, exitUnavailable, false
 	}
 }
@@ -310,7 +310,7 @@ func supervise(h *advisory.Lock, path string, o runOptions, sigs <-chan os.Signa
 	// lock) forever once the command itself has exited.
 	cmd.WaitDelay = time.Second
 	if err := cmd.Start(); err != nil {
-		msgf(s.Err, "pgxlock run: %v\n", err)
+		s.msgf(s.Err, "pgxlock run: %v\n", err)
 		unlock(h, o, s)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			return exitNotFound, false
@@ -347,13 +347,13 @@ loop:
 		case <-lostCh:
 			lostCh = nil // Done closes only on loss until Unlock below
 			lost = true
-			msgf(s.Err, "pgxlock run: lock %s lost (%v); sending SIGTERM to the command, SIGKILL in %s\n", o.key, h.Err(), o.grace)
+			s.msgf(s.Err, "pgxlock run: lock %s lost (%v); sending SIGTERM to the command, SIGKILL in %s\n", o.key, h.Err(), o.grace)
 			send(syscall.SIGTERM)
 			killer = time.NewTimer(o.grace)
 			killing = killer.C
 		case <-killing:
 			killing = nil
-			msgf(s.Err, "pgxlock run: the command outlived --grace %s; sending SIGKILL\n", o.grace)
+			s.msgf(s.Err, "pgxlock run: the command outlived --grace %s; sending SIGKILL\n", o.grace)
 			send(syscall.SIGKILL)
 		case <-exited:
 			// Wait's error says nothing ProcessState does not: a non-zero
@@ -369,7 +369,7 @@ loop:
 		lost = true
 	}
 	if lost {
-		msgf(s.Err, "pgxlock run: exiting %d: the lock was lost while the command ran (its status was %d)\n", exitLockLost, status)
+		s.msgf(s.Err, "pgxlock run: exiting %d: the lock was lost while the command ran (its status was %d)\n", exitLockLost, status)
 		return exitLockLost, true
 	}
 	return status, false
@@ -382,7 +382,7 @@ func unlock(h *advisory.Lock, o runOptions, s stdio) error {
 	if err != nil && !isLoss(err) {
 		// The library destroyed the connection: the server releases the
 		// lock when the session ends.
-		msgf(s.Err, "pgxlock run: unlock %s: %v\n", o.key, err)
+		s.msgf(s.Err, "pgxlock run: unlock %s: %v\n", o.key, err)
 	}
 	return err
 }
