@@ -15,7 +15,11 @@
 // # Locker: one run at a time per job
 //
 // [Locker.Lock] tries the job's lock without waiting. A busy key fails with
-// advisory.ErrNotAcquired, which gocron treats as "skip this run". The lock
+// advisory.ErrNotAcquired, which gocron treats as "skip this run" (a key
+// its own process holds is learnt busy on a second connection: with none
+// free in the pool, the attempt waits up to the Locker's LockTimeout, else
+// advisory.DefaultTryConnWait, and fails with advisory.ErrNoConnection; the
+// run is skipped all the same). The lock
 // is an advisory.Lock handle, a session lock held on a pinned connection
 // through the run and released by gocron's Unlock after it.
 //
@@ -50,7 +54,7 @@
 // A job's key is keys.Hash(job name) (gocron's key: the job's name, by
 // default the function's name), or Config.Namespace.Hash(job name) under a
 // namespace. An election's key is derived from its name the same way. To
-// find a holder: "pgxlock locks --key NAME", or with a namespace
+// find a holder: "pgxlock locks --key hash:NAME", or with a namespace
 // "pgxlock locks --ns NS=ID --key ns:NS/hash:NAME". Keys are logged and
 // listed as numbers, never as the name they were hashed from.
 package pgxlockgocron

@@ -61,7 +61,9 @@ func (g *Locker) Key(name string) (keys.Key, error) { return g.cfg.key(name) }
 // Lock takes the lock of the job named key without waiting and returns its
 // handle, an *advisory.Lock, which gocron unlocks after the run. A lock
 // held elsewhere gives an error matching advisory.ErrNotAcquired (gocron
-// skips the run); other errors are those of advisory.Locker.TryLock, and
+// skips the run; where this process holds the key and the pool has no
+// free connection, advisory.ErrNoConnection after the connection wait,
+// see the package doc); other errors are those of advisory.Locker.TryLock, and
 // advisory.ErrInvalid for an empty key. ctx governs only the attempt.
 func (g *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	k, err := g.cfg.key(key)

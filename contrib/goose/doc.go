@@ -51,7 +51,9 @@
 // # Errors
 //
 // Failures are *advisory.LockError values (or advisory's own errors for
-// Locker) matching advisory.ErrLockTimeout, advisory.ErrDeadlock,
-// advisory.ErrNotHeld, advisory.ErrLockLost or advisory.ErrInvalid, with
-// the *pgconn.PgError kept in the chain.
+// Locker) matching advisory.ErrLockTimeout (also when the session's
+// statement_timeout ends the wait), advisory.ErrDeadlock,
+// advisory.ErrNotHeld, advisory.ErrLockLost, advisory.ErrStandby (a hot
+// standby) or advisory.ErrInvalid, with the *pgconn.PgError kept in the
+// chain.
 package pgxlockgoose

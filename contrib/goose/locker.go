@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -105,10 +106,14 @@ const (
 // grant: goose then calls SessionUnlock), or an *advisory.LockError that
 // matches advisory.ErrLockTimeout (SQLSTATE 55P03, with the
 // *pgconn.PgError in its chain, and context.DeadlineExceeded when the
-// deadline caused it), advisory.ErrDeadlock, or advisory.ErrInvalid when
-// conn is not a pgx stdlib connection. After any other failure the outcome
-// is in doubt and the connection is closed, so database/sql discards it
-// rather than pool a connection that may hold the lock.
+// deadline caused it; also when the session's statement_timeout, shorter
+// than the bound, ended the wait first, with its 57014 in the chain),
+// advisory.ErrDeadlock, advisory.ErrStandby on a hot standby, or
+// advisory.ErrInvalid when conn is not a pgx stdlib connection. After a
+// statement_timeout and after any other failure the outcome is in doubt
+// (a timeout or a cancel may race a grant) and the connection is closed,
+// so database/sql discards it rather than pool a connection that may hold
+// the lock.
 func (l *SessionLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
 	return l.raw(ctx, conn, "goose session lock", func(c *pgx.Conn) error {
 		if err := refuseStandby(ctx, c); err != nil {
@@ -137,6 +142,15 @@ func (l *SessionLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
 				return errors.Join(advisory.ErrLockTimeout, err)
 			case "40P01": // deadlock: not granted
 				return errors.Join(advisory.ErrDeadlock, err)
+			case "57014":
+				if statementTimeout(ctx, pgErr) {
+					// The role's, database's or DSN's statement_timeout
+					// ended the wait: a lock timeout for the caller, as in
+					// advisory. The connection still goes (below): the
+					// timeout may have raced a grant.
+					l.destroy(ctx, c)
+					return errors.Join(advisory.ErrLockTimeout, err)
+				}
 			}
 		}
 		// In doubt (a cancel answered with 57014 may race a grant; a
@@ -250,6 +264,17 @@ func (l *SessionLocker) lockTimeout(ctx context.Context) (ms string, byDeadline 
 		n = maxLockTimeoutMillis
 	}
 	return strconv.FormatInt(n, 10), byDeadline
+}
+
+// statementTimeout reports a 57014 that statement_timeout raised, not a
+// cancel request (ours, when ctx ended, or another session's), as advisory
+// tells them: by the English message, else by ctx not having been
+// cancelled (lc_messages in another language words both differently).
+func statementTimeout(ctx context.Context, pgErr *pgconn.PgError) bool {
+	if strings.Contains(pgErr.Message, "canceling statement due to statement timeout") {
+		return true
+	}
+	return !strings.Contains(pgErr.Message, "canceling statement due to user request") && ctx.Err() == nil
 }
 
 // maxLockTimeoutMillis is the largest lock_timeout PostgreSQL accepts.

@@ -40,7 +40,9 @@
 // SetVersion(v, true) fail), and Up returns an error matching
 // advisory.ErrLockLost. The migration that is running is not interrupted
 // (it runs on the inner driver's own connection) and is recorded when it
-// ends.
+// ends. golang-migrate then keeps that Migrate marked locked (the Driver's
+// Unlock reported the loss), so every later call on it returns
+// migrate.ErrLocked: build a new Migrate to try again.
 //
 // # Errors
 //

@@ -178,8 +178,11 @@ func New(cfg Config) (*Tracer, error) {
 }
 
 // spanKey finds this Tracer's state in the context TraceAcquireStart
-// returned, whatever other tracers of a MultiTracer put there since.
-type spanKey struct{}
+// returned, whatever other tracers of a MultiTracer put there since, other
+// Tracers of this package included: the key names its Tracer (with one key
+// for all, the second of two Tracers in a MultiTracer replaced the first's
+// state, whose spans were then never ended: review 27).
+type spanKey struct{ t *Tracer }
 
 // lockSpans is one acquisition's spans. The context advisory passes to
 // TraceAcquireEnd, TraceRelease and TraceLost is the one TraceAcquireStart
@@ -201,7 +204,7 @@ func (t *Tracer) TraceAcquireStart(ctx context.Context, d advisory.TraceAcquireS
 	ctx, st.acquire = t.tracer.Start(ctx, SpanAcquire, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
 		dbSystem, AttrScope.String(scope), AttrMode.String(mode), AttrTry.Bool(d.Try),
 		AttrKeyCount.Int(len(d.Keys)), AttrNamespace.String(ns)))
-	return context.WithValue(ctx, spanKey{}, st)
+	return context.WithValue(ctx, spanKey{t}, st)
 }
 
 // TraceAcquireEnd implements advisory.AcquireTracer: it records the result
@@ -230,7 +233,7 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, d advisory.TraceAcquireEnd
 		t.held.Add(ctx, 1, metric.WithAttributeSet(set))
 	}
 
-	st := stateOf(ctx)
+	st := t.stateOf(ctx)
 	if st == nil {
 		return
 	}
@@ -261,8 +264,8 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, d advisory.TraceAcquireEnd
 
 // endHold returns the hold span of ctx's acquisition for the one event
 // that ends it (nil if there is none, or it has ended).
-func endHold(ctx context.Context) trace.Span {
-	st := stateOf(ctx)
+func (t *Tracer) endHold(ctx context.Context) trace.Span {
+	st := t.stateOf(ctx)
 	if st == nil {
 		return nil
 	}
@@ -281,7 +284,7 @@ func (t *Tracer) TraceRelease(ctx context.Context, d advisory.TraceReleaseData) 
 	t.held.Add(ctx, -1, metric.WithAttributeSet(set))
 	t.hold.Record(ctx, d.Held.Seconds(), metric.WithAttributeSet(set))
 
-	span := endHold(ctx)
+	span := t.endHold(ctx)
 	if span == nil {
 		return
 	}
@@ -306,7 +309,7 @@ func (t *Tracer) TraceLost(ctx context.Context, d advisory.TraceLostData) {
 	t.hold.Record(ctx, d.Held.Seconds(), metric.WithAttributeSet(set))
 	t.lost.Add(ctx, 1, metric.WithAttributes(AttrNamespace.String(ns)))
 
-	span := endHold(ctx)
+	span := t.endHold(ctx)
 	if span == nil {
 		return
 	}
@@ -365,8 +368,8 @@ func (t *Tracer) TraceRenew(ctx context.Context, d lease.TraceRenewData) {
 }
 
 // stateOf returns the spans TraceAcquireStart put in ctx (nil if none).
-func stateOf(ctx context.Context) *lockSpans {
-	st, _ := ctx.Value(spanKey{}).(*lockSpans)
+func (t *Tracer) stateOf(ctx context.Context) *lockSpans {
+	st, _ := ctx.Value(spanKey{t}).(*lockSpans)
 	return st
 }
 
