@@ -280,12 +280,14 @@
 // rows, two roles could both hold a resource exclusively. Every
 // lock-manager statement except List and ListIntents therefore runs with
 // row_security = off for its transaction: where row-level security applies
-// to the caller on either table, under any policy (even USING (true), which
-// hides nothing: PostgreSQL refuses by whether policies apply, not by what
-// they would hide), it fails with SQLSTATE 42501 (a *Error wrapping the
-// *pgconn.PgError) and changes nothing; so a lease taken before row
-// security was enabled can then be neither renewed nor released, and ends
-// at its TTL. Roles that bypass row security (the tables' owner when FORCE
+// to the caller on a table the statement reads, under any policy (even
+// USING (true), which hides nothing: PostgreSQL refuses by whether policies
+// apply, not by what they would hide), it fails with SQLSTATE 42501 (a
+// *Error wrapping the *pgconn.PgError) and changes nothing. Every statement
+// reads the holders table, so there a lease taken before row security was
+// enabled can then be neither renewed nor released, and ends at its TTL;
+// the resources table is read by the acquisitions, upgrades and give-backs
+// only. Roles that bypass row security (the tables' owner when FORCE
 // ROW LEVEL SECURITY is not set, superusers, BYPASSRLS roles) are
 // unaffected. List and ListIntents, read-only inspections, show what the
 // policies let the caller see. Column leases keep row security: each

@@ -218,6 +218,9 @@
 // A command may exit with any of these numbers itself; pgxlock's own
 // messages on stderr (prefixed "pgxlock run:") tell them apart.
 //
-// All of pgxlock's messages (on stderr, and --watch's error lines on stdout)
-// are scrubbed of those password texts in the same way as for 69.
+// pgxlock's messages that carry text from the connection settings, the
+// server or pgx (errors, on stderr, and --watch's error lines on stdout)
+// are scrubbed of those password texts in the same way as for 69. Its
+// fixed notes (the hashed-key note, flag errors) carry none and are printed
+// as they are.
 package main

@@ -7,8 +7,9 @@
 // drops its lock, and whichever replica tries first on the next tick takes over.
 //
 //	go run ./examples/cron                              # 3 replicas as goroutines, 10 s
-//	go run ./examples/cron --replicas=1 --name=a &      # or one replica per process
-//	go run ./examples/cron --replicas=1 --name=b &
+//	export DATABASE_URL=postgres://...                   # one replica per process: one shared
+//	go run ./examples/cron --replicas=1 --name=a &      # server (without DATABASE_URL each
+//	go run ./examples/cron --replicas=1 --name=b &      # process starts a throwaway cluster of its own)
 //	go run ./examples/cron --metrics-addr=127.0.0.1:9187  # also serve /metrics (Prometheus)
 //
 // The same service on gocron with pgxlock's gocron Locker is

@@ -3,8 +3,9 @@
 // replica at a time while the others skip it.
 //
 //	cd contrib/gocron && go run ./examples/cron                 # 3 replicas as goroutines, 10 s
-//	go run ./examples/cron --replicas=1 --name=a &              # or one replica per process
-//	go run ./examples/cron --replicas=1 --name=b &
+//	export DATABASE_URL=postgres://...                           # one replica per process: one
+//	go run ./examples/cron --replicas=1 --name=a &              # shared server (without it each
+//	go run ./examples/cron --replicas=1 --name=b &              # process starts a cluster of its own)
 package main
 
 import (
