@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -102,19 +103,7 @@ func TestOutputFiltersC1AndInvalidUTF8(t *testing.T) {
 	// locks --show-query: the holder's last query carries C1 controls.
 	pool := pgtest.Pool(t)
 	key := keys.Int64(pgtest.UniqueInt64(t))
-	conn, err := pool.Acquire(ctxT(t))
-	require.NoError(t, err)
-	query := "/* " + c1 + " */ " + lockSQL(key, "pg_advisory_lock")
-	_, err = conn.Exec(ctxT(t), query)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
-			_ = conn.Conn().Close(ctx)
-		}
-		conn.Release()
-	})
+	query := holdWithQuery(t, pool, key, c1)
 	noC1 := func(what, s string) {
 		t.Helper()
 		assert.NotContains(t, s, "\u009b", what)
@@ -133,14 +122,7 @@ func TestOutputFiltersC1AndInvalidUTF8(t *testing.T) {
 	assert.Equal(t, query, *doc.Locks[0].Query, "JSON keeps the text, escaped")
 
 	// leases: an owner, resource and metadata with C1 controls.
-	schema := pgtest.Schema(t, pool)
-	m, err := lease.NewManager(pool, lease.ManagerConfig{Schema: schema, TTL: time.Minute, Owner: "o" + c1})
-	require.NoError(t, err)
-	require.NoError(t, m.Migrate(ctxT(t)))
-	l, err := m.TryAcquire(ctxT(t), "r"+c1, &lease.AcquireOptions{Metadata: json.RawMessage(`{"k":"` + c1 + `"}`)})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Release(ctxT(t)) })
-	table := schema + "." + lease.DefaultTable
+	schema, table := holdLease(t, pool, "o"+c1, "r"+c1, json.RawMessage(`{"k":"`+c1+`"}`))
 	code, out, stderr = runCLI(t, nil, "leases", "--table", table)
 	require.Equal(t, 0, code, stderr)
 	noC1("leases text", out)
@@ -185,4 +167,44 @@ func TestLocksOrder(t *testing.T) {
 		got = append(got, l.Key)
 	}
 	assert.Equal(t, []string{ks[1].String(), ks[0].String(), ks[3].String(), ks[2].String()}, got)
+}
+
+// holdWithQuery takes key on a connection of pool with a statement whose
+// text starts with a comment holding text (as pg_stat_activity then shows
+// it), held until the test ends; it returns the statement.
+func holdWithQuery(t *testing.T, pool *pgxpool.Pool, key keys.Key, text string) string {
+	t.Helper()
+	conn, err := pool.Acquire(ctxT(t))
+	require.NoError(t, err)
+	query := "/* " + text + " */ " + lockSQL(key, "pg_advisory_lock")
+	_, err = conn.Exec(ctxT(t), query)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
+			_ = conn.Conn().Close(ctx)
+		}
+		conn.Release()
+	})
+	return query
+}
+
+// holdLease holds resource for owner, with metadata (nil for none), in a
+// lock-manager table of a fresh schema until the test ends; it returns the
+// schema and the table's qualified name.
+func holdLease(t *testing.T, pool *pgxpool.Pool, owner, resource string, metadata json.RawMessage) (schema, table string) {
+	t.Helper()
+	schema = pgtest.Schema(t, pool)
+	m, err := lease.NewManager(pool, lease.ManagerConfig{Schema: schema, TTL: time.Minute, Owner: owner})
+	require.NoError(t, err)
+	require.NoError(t, m.Migrate(ctxT(t)))
+	var opts *lease.AcquireOptions
+	if metadata != nil {
+		opts = &lease.AcquireOptions{Metadata: metadata}
+	}
+	l, err := m.TryAcquire(ctxT(t), resource, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Release(ctxT(t)) })
+	return schema, schema + "." + lease.DefaultTable
 }

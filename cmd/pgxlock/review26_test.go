@@ -15,7 +15,6 @@ import (
 
 	"github.com/pgxlock/pgxlock/internal/pgtest"
 	"github.com/pgxlock/pgxlock/keys"
-	"github.com/pgxlock/pgxlock/lease"
 )
 
 // leakedRuns lists every 4-byte run of pw found in out.
@@ -151,19 +150,7 @@ func TestOutputFiltersBidiAndDEL(t *testing.T) {
 
 	pool := pgtest.Pool(t)
 	key := keys.Int64(pgtest.UniqueInt64(t))
-	conn, err := pool.Acquire(ctxT(t))
-	require.NoError(t, err)
-	query := "/* " + bidi + "\x7f */ " + lockSQL(key, "pg_advisory_lock")
-	_, err = conn.Exec(ctxT(t), query)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
-			_ = conn.Conn().Close(ctx)
-		}
-		conn.Release()
-	})
+	query := holdWithQuery(t, pool, key, bidi+"\x7f")
 	raw := func(what, s string) {
 		t.Helper()
 		for _, r := range "\u202e\u200b\u2066\ufeff\x7f" {
@@ -182,14 +169,7 @@ func TestOutputFiltersBidiAndDEL(t *testing.T) {
 	require.NotNil(t, doc.Locks[0].Query)
 	assert.Equal(t, query, *doc.Locks[0].Query, "JSON keeps the text, escaped")
 
-	schema := pgtest.Schema(t, pool)
-	m, err := lease.NewManager(pool, lease.ManagerConfig{Schema: schema, TTL: time.Minute, Owner: "o\u200bzw"})
-	require.NoError(t, err)
-	require.NoError(t, m.Migrate(ctxT(t)))
-	l, err := m.TryAcquire(ctxT(t), "\u202eEVIL\x7f", nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Release(ctxT(t)) })
-	table := schema + "." + lease.DefaultTable
+	_, table := holdLease(t, pool, "o\u200bzw", "\u202eEVIL\x7f", nil)
 	code, out, stderr = runCLI(t, nil, "leases", "--table", table)
 	require.Equal(t, 0, code, stderr)
 	raw("leases text", out)
