@@ -105,40 +105,6 @@ WITH claimed AS (
 )
 SELECT (SELECT token FROM claimed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1)`
 
-	// checkedAcquireSQL is the compare-and-swap that also reads the
-	// locked-at column's type ($4 table, $5 column, as for the pad) through
-	// any domains to its base type, and claims nothing unless it is
-	// timestamptz or timestamp: a date column, say, truncates now() to the
-	// day, so a lease taken a second ago would look a day old and every
-	// acquirer would win. Migrate refuses such a column, but a table need
-	// not have been through Migrate (ColumnDDL, your own migrations), so a
-	// Column's first acquisitions run this form, one statement as ever,
-	// until it has seen the type is right once; the later ones run
-	// columnAcquireSQL. The last two output columns are the base type's
-	// name and whether it is one of the two (both NULL when the column is
-	// not in the catalog, in which case the UPDATE itself fails).
-	checkedAcquireSQL = `
-WITH RECURSIVE d(oid, typtype, base) AS (
-	SELECT ty.oid, ty.typtype, ty.typbasetype
-	FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON ty.oid OPERATOR(pg_catalog.=) a.atttypid
-	WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($4) AND a.attname OPERATOR(pg_catalog.=) $5::pg_catalog.name
-		AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
-	UNION ALL
-	SELECT b.oid, b.typtype, b.typbasetype FROM pg_catalog.pg_type b JOIN d ON b.oid OPERATOR(pg_catalog.=) d.base
-	WHERE d.typtype OPERATOR(pg_catalog.=) 'd'
-), lat(name, ok) AS (
-	SELECT pg_catalog.format_type(oid, NULL),
-		oid OPERATOR(pg_catalog.=) 'pg_catalog.timestamptz'::pg_catalog.regtype::pg_catalog.oid
-		OR oid OPERATOR(pg_catalog.=) 'pg_catalog.timestamp'::pg_catalog.regtype::pg_catalog.oid
-	FROM d WHERE typtype OPERATOR(pg_catalog.<>) 'd'
-), claimed AS (
-	UPDATE {t} SET {at} = pg_catalog.now(), {by} = $2, {fence} = {next_fence}
-	WHERE {id} = $1 AND ({at} IS NULL OR {at} OPERATOR(pg_catalog.<) (pg_catalog.now() - $3::interval - {pad}))
-		AND coalesce((SELECT ok FROM lat), false)
-	RETURNING {fence} AS token
-)
-SELECT (SELECT token FROM claimed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1), (SELECT name FROM lat), (SELECT ok FROM lat)`
-
 	// A lease past its TTL cannot be renewed even if nobody has taken it:
 	// its holder already stopped trusting it (see Do), and reviving it would
 	// make "expired" mean different things to different parties. "Past its
@@ -206,6 +172,26 @@ UPDATE {t} SET {at} = NULL, {by} = NULL WHERE {id} = $1 AND {by} OPERATOR(pg_cat
 			AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped) p
 ), interval '0.5 second')`
 )
+
+// checkedAcquireSQL is the compare-and-swap that also reads the
+// locked-at column's type ($4 table, $5 column, as for the pad) through
+// any domains to its base type, and claims nothing unless it is
+// timestamptz or timestamp: a date column, say, truncates now() to the
+// day, so a lease taken a second ago would look a day old and every
+// acquirer would win. Migrate refuses such a column, but a table need
+// not have been through Migrate (ColumnDDL, your own migrations), so a
+// Column's first acquisitions run this form, one statement as ever,
+// until it has seen the type is right once; the later ones run
+// columnAcquireSQL. The last two output columns are the base type's
+// name and whether it is one of the two (both NULL when the column is
+// not in the catalog, in which case the UPDATE itself fails).
+var checkedAcquireSQL = "\nWITH RECURSIVE " + lockedAtTypeCTEs("$4", "$5") + `, claimed AS (
+	UPDATE {t} SET {at} = pg_catalog.now(), {by} = $2, {fence} = {next_fence}
+	WHERE {id} = $1 AND ({at} IS NULL OR {at} OPERATOR(pg_catalog.<) (pg_catalog.now() - $3::interval - {pad}))
+		AND coalesce((SELECT ok FROM lat), false)
+	RETURNING {fence} AS token
+)
+SELECT (SELECT token FROM claimed), EXISTS (SELECT 1 FROM {t} WHERE {id} = $1), (SELECT name FROM lat), (SELECT ok FROM lat)`
 
 // NewColumn validates cfg and prepares the statements. It sends nothing to the
 // database. Errors wrap ErrInvalid.

@@ -125,21 +125,31 @@ func (c *Column) Migrate(ctx context.Context) error {
 
 // lockedAtTypeSQL resolves the locked-at column's type ($1 qualified table,
 // $2 column) through domains to its base type: its name, and whether it is
-// timestamptz or timestamp.
-const lockedAtTypeSQL = `
-WITH RECURSIVE d(oid, typtype, base) AS (
+// timestamptz or timestamp (no row when the column is not in the catalog).
+var lockedAtTypeSQL = "\nWITH RECURSIVE " + lockedAtTypeCTEs("$1", "$2") + "\nSELECT name, ok FROM lat"
+
+// lockedAtTypeCTEs are the two CTEs (of a WITH RECURSIVE) that resolve the
+// locked-at column's type, the qualified table and the column name being
+// the parameters table and column, through domains to its base type:
+// lat(name, ok), the base type's name and whether it is timestamptz or
+// timestamp. Migrate's check (lockedAtTypeSQL) and a Column's first
+// acquisitions (checkedAcquireSQL) read it.
+func lockedAtTypeCTEs(table, column string) string {
+	return `d(oid, typtype, base) AS (
 	SELECT ty.oid, ty.typtype, ty.typbasetype
 	FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON ty.oid OPERATOR(pg_catalog.=) a.atttypid
-	WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1) AND a.attname OPERATOR(pg_catalog.=) $2::pg_catalog.name
+	WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(` + table + `) AND a.attname OPERATOR(pg_catalog.=) ` + column + `::pg_catalog.name
 		AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
 	UNION ALL
 	SELECT b.oid, b.typtype, b.typbasetype FROM pg_catalog.pg_type b JOIN d ON b.oid OPERATOR(pg_catalog.=) d.base
 	WHERE d.typtype OPERATOR(pg_catalog.=) 'd'
-)
-SELECT pg_catalog.format_type(oid, NULL),
-	oid OPERATOR(pg_catalog.=) 'pg_catalog.timestamptz'::pg_catalog.regtype::pg_catalog.oid
-	OR oid OPERATOR(pg_catalog.=) 'pg_catalog.timestamp'::pg_catalog.regtype::pg_catalog.oid
-FROM d WHERE typtype OPERATOR(pg_catalog.<>) 'd'`
+), lat(name, ok) AS (
+	SELECT pg_catalog.format_type(oid, NULL),
+		oid OPERATOR(pg_catalog.=) 'pg_catalog.timestamptz'::pg_catalog.regtype::pg_catalog.oid
+		OR oid OPERATOR(pg_catalog.=) 'pg_catalog.timestamp'::pg_catalog.regtype::pg_catalog.oid
+	FROM d WHERE typtype OPERATOR(pg_catalog.<>) 'd'
+)`
+}
 
 // ColumnDDL returns the ALTER TABLE statement Migrate runs, for use in your
 // own migration files.
