@@ -309,88 +309,16 @@ func parseReason(err error, hidden []string) string {
 			msg = strings.ReplaceAll(msg, ue.Error(), ue.Err.Error())
 		}
 	}
-	for _, s := range hidden {
-		msg = strings.ReplaceAll(msg, s, "xxxxx")
+	if msg, ok := scrubAtLeast(msg, hidden, 1); ok {
+		return msg
 	}
-	msg = scrubQuoted(msg, hidden)
-	rest := strings.ReplaceAll(msg, "xxxxx", "\x00")
-	for _, h := range hidden {
-		if sharesRun(rest, h, 4) {
-			return reasonHidden
-		}
-	}
-	return msg
+	return reasonHidden
 }
 
 // reasonHidden replaces a parse error's reason that may quote part of a
 // password.
 const reasonHidden = `the parser's reason is not shown, as it may quote part of a password ` +
 	`(in key=value form, write ' and \ in a quoted value as \' and \\; in a URL, percent-encode them)`
-
-// scrubQuoted replaces each "quoted" or `quoted` piece of msg that overlaps
-// a hidden text with "xxxxx".
-func scrubQuoted(msg string, hidden []string) string {
-	var b strings.Builder
-	for i := 0; i < len(msg); {
-		q := msg[i]
-		if q != '"' && q != '`' {
-			b.WriteByte(q)
-			i++
-			continue
-		}
-		j := i + 1
-		for j < len(msg) && msg[j] != q {
-			if q == '"' && msg[j] == '\\' {
-				j++
-			}
-			j++
-		}
-		if j >= len(msg) { // no closing quote: the rest is the piece
-			j = len(msg)
-		}
-		piece := msg[i+1 : min(j, len(msg))]
-		if revealsHidden(piece, hidden) {
-			b.WriteString(string(q) + "xxxxx" + string(q))
-		} else {
-			b.WriteString(msg[i:min(j+1, len(msg))])
-		}
-		i = j + 1
-	}
-	return b.String()
-}
-
-// revealsHidden reports whether a quoted piece of an error message (as
-// written, or unquoted in Go syntax) overlaps any of hidden: it holds one of
-// them, is a part of one (two bytes or more: a single character such as
-// the "=" of `missing "=" after` tells nothing), or shares four bytes in a
-// row with one.
-func revealsHidden(piece string, hidden []string) bool {
-	forms := []string{piece}
-	if u, err := strconv.Unquote(`"` + piece + `"`); err == nil && u != piece {
-		forms = append(forms, u)
-	}
-	for _, f := range forms {
-		for _, h := range hidden {
-			if h == "" {
-				continue
-			}
-			if strings.Contains(f, h) || (len(f) >= 2 && strings.Contains(h, f)) || sharesRun(f, h, 4) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// sharesRun reports whether s contains any n bytes in a row of h.
-func sharesRun(s, h string, n int) bool {
-	for i := 0; i+n <= len(h); i++ {
-		if strings.Contains(s, h[i:i+n]) {
-			return true
-		}
-	}
-	return false
-}
 
 var (
 	// scheme://: a URL, whatever pgx makes of it (with a leading space it

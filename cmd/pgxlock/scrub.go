@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -61,9 +62,15 @@ const (
 // row with a secret: a part of one (a password's tail the server named as
 // a parameter), which the caller must not show.
 func scrubText(msg string, hidden []string) (string, bool) {
+	return scrubAtLeast(msg, hidden, minSecret)
+}
+
+// scrubAtLeast is scrubText for secrets of at least n bytes (a parse
+// error's reason, which quotes only the settings, hides every secret).
+func scrubAtLeast(msg string, hidden []string, n int) (string, bool) {
 	var long []string
 	for _, h := range hidden {
-		if len(h) >= minSecret {
+		if len(h) >= n {
 			msg = strings.ReplaceAll(msg, h, "xxxxx")
 			long = append(long, h)
 		}
@@ -165,4 +172,69 @@ func (s stdio) msgf(w io.Writer, format string, a ...any) {
 	}
 	text, _ := scrubText(fmt.Sprintf(format, args...), hidden)
 	fmt.Fprint(w, safeText(text))
+}
+
+// scrubQuoted replaces each "quoted" or `quoted` piece of msg that overlaps
+// a hidden text with "xxxxx".
+func scrubQuoted(msg string, hidden []string) string {
+	var b strings.Builder
+	for i := 0; i < len(msg); {
+		q := msg[i]
+		if q != '"' && q != '`' {
+			b.WriteByte(q)
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(msg) && msg[j] != q {
+			if q == '"' && msg[j] == '\\' {
+				j++
+			}
+			j++
+		}
+		if j >= len(msg) { // no closing quote: the rest is the piece
+			j = len(msg)
+		}
+		piece := msg[i+1 : min(j, len(msg))]
+		if revealsHidden(piece, hidden) {
+			b.WriteString(string(q) + "xxxxx" + string(q))
+		} else {
+			b.WriteString(msg[i:min(j+1, len(msg))])
+		}
+		i = j + 1
+	}
+	return b.String()
+}
+
+// revealsHidden reports whether a quoted piece of an error message (as
+// written, or unquoted in Go syntax) overlaps any of hidden: it holds one of
+// them, is a part of one (two bytes or more: a single character such as
+// the "=" of `missing "=" after` tells nothing), or shares four bytes in a
+// row with one.
+func revealsHidden(piece string, hidden []string) bool {
+	forms := []string{piece}
+	if u, err := strconv.Unquote(`"` + piece + `"`); err == nil && u != piece {
+		forms = append(forms, u)
+	}
+	for _, f := range forms {
+		for _, h := range hidden {
+			if h == "" {
+				continue
+			}
+			if strings.Contains(f, h) || (len(f) >= 2 && strings.Contains(h, f)) || sharesRun(f, h, 4) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// sharesRun reports whether s contains any n bytes in a row of h.
+func sharesRun(s, h string, n int) bool {
+	for i := 0; i+n <= len(h); i++ {
+		if strings.Contains(s, h[i:i+n]) {
+			return true
+		}
+	}
+	return false
 }
