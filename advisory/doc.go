@@ -322,7 +322,9 @@
 //   - idle_in_transaction_session_timeout: a WithXactLock callback that
 //     idles past it loses its session; the transaction is rolled back, the
 //     lock goes with it, and the call fails with COMMIT's error
-//     (pooltx.ErrCommitUnknown, the 25P03 kept). A WithLock callback that
+//     (pooltx.ErrNotCommitted, the 25P03 kept: PostgreSQL checks for that
+//     timeout after reading COMMIT and before running it, so nothing was
+//     committed). A WithLock callback that
 //     idles inside its own BEGIN gets [ErrLockLost] and [ErrCallbackInTx].
 //
 // # Deadlocks

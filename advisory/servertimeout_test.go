@@ -410,7 +410,7 @@ func TestIdleSessionTimeoutDuringWithLock(t *testing.T) {
 // idle_in_transaction_session_timeout set on the role: a WithXactLock
 // callback that idles past it loses the session; the transaction is rolled
 // back and the lock released with it; the call fails with COMMIT's error
-// (pooltx.ErrCommitUnknown, the 25P03 kept). A WithLock callback
+// (pooltx.ErrNotCommitted, the 25P03 kept: COMMIT never ran). A WithLock callback
 // that idles inside its own BEGIN loses the lock (ErrLockLost, traced once)
 // and gets ErrCallbackInTx.
 func TestIdleInTransactionTimeout(t *testing.T) {
@@ -424,7 +424,8 @@ func TestIdleInTransactionTimeout(t *testing.T) {
 		awaitGone(ctx, t, tx.Conn().PgConn().PID())
 		return nil
 	})
-	require.ErrorIs(t, err, pooltx.ErrCommitUnknown)
+	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+	require.NotErrorIs(t, err, pooltx.ErrCommitUnknown)
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr)
 	assert.Equal(t, "25P03", pgErr.Code)

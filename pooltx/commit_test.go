@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -183,4 +184,40 @@ func (e *expiring) Err() error {
 	default:
 		return nil
 	}
+}
+
+// WithTx's doc and ErrNotCommitted's: a transaction whose session the
+// server ended for idling past idle_in_transaction_session_timeout before
+// COMMIT ran is not committed: ErrNotCommitted (not ErrCommitUnknown), the
+// 25P03 in the chain, none of its rows kept, and the connection destroyed.
+func TestIdleInTransactionTimeoutIsNotCommitted(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	table := createTable(ctx, t, admin, "CREATE TABLE %s (id int)")
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "200ms"
+	pool := pgtest.NewPool(t, cfg)
+	var pid uint32
+	err := pooltx.WithTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "INSERT INTO "+table+" VALUES (1)")
+		require.NoError(t, err)
+		pid = tx.Conn().PgConn().PID()
+		// The event: the server ended the idle session.
+		require.Eventually(t, func() bool {
+			var n int
+			require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", int32(pid)).Scan(&n))
+			return n == 0
+		}, 20*time.Second, 5*time.Millisecond)
+		return nil
+	})
+	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+	require.NotErrorIs(t, err, pooltx.ErrCommitUnknown)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	assert.Equal(t, "25P03", pgErr.Code)
+	assert.Equal(t, 0, countRows(ctx, t, admin, table))
+	var next uint32
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&next))
+	assert.NotEqual(t, pid, next, "the ended connection was destroyed")
 }

@@ -260,7 +260,8 @@
 //     reset's check for a DEALLOCATE ALL included;
 //   - the connection is closed, busy, or not idle in the transaction sense
 //     (TxStatus other than 'I') when the work ends;
-//   - a COMMIT went unanswered ([ErrCommitUnknown]);
+//   - a COMMIT went unanswered ([ErrCommitUnknown]), or was answered by
+//     the FATAL of idle_in_transaction_session_timeout ([ErrNotCommitted]);
 //   - with [ConnOptions.DeferIdentity], its first [Conn.Lend] came inside
 //     the caller's own transaction and the lent code was not found quiet
 //     ([Conn.Reclaim]): the identity to return to is unknown;

@@ -14,7 +14,11 @@ var (
 	// ended before COMMIT was sent (the transaction was rolled back), or
 	// the server refused COMMIT (a deferred constraint, a serialization
 	// failure: its *pgconn.PgError is in the chain), or the transaction
-	// had already failed (pgx.ErrTxCommitRollback).
+	// had already failed (pgx.ErrTxCommitRollback), or the server had
+	// ended the session for idling in the transaction past
+	// idle_in_transaction_session_timeout (the FATAL 25P03 is in the chain;
+	// PostgreSQL checks for that timeout after reading a command and before
+	// running it, so COMMIT never ran).
 	ErrNotCommitted = errors.New("pooltx: transaction not committed")
 
 	// ErrCommitUnknown: COMMIT was sent and no answer came (the

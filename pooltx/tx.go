@@ -74,7 +74,9 @@ type TxOptions struct {
 // the connection kept), or the server refused the COMMIT (its
 // *pgconn.PgError, such as a deferred constraint or a serialization
 // failure, is in the chain), or the transaction had already failed
-// (pgx.ErrTxCommitRollback). When COMMIT was sent but no answer came (the
+// (pgx.ErrTxCommitRollback), or the server had ended the session for
+// idling in the transaction before it ran COMMIT (idle_in_transaction_session_timeout:
+// the 25P03 is in the chain, and the connection is destroyed). When COMMIT was sent but no answer came (the
 // connection failed, or the context ended while waiting), the error matches
 // [ErrCommitUnknown] and the connection is destroyed.
 func WithTx(ctx context.Context, pool *pgxpool.Pool, opts *TxOptions, fn func(ctx context.Context, tx pgx.Tx) error) error {
@@ -162,6 +164,9 @@ func (c *Conn) Tx(ctx context.Context, opts *TxOptions, fn func(ctx context.Cont
 	return c.commit(ctx)
 }
 
+// codeIdleInTxTimeout is SQLSTATE 25P03, idle_in_transaction_session_timeout.
+const codeIdleInTxTimeout = "25P03"
+
 // commit ends the transaction fn returned nil in, with the reset of the
 // session in the same round trip, and classifies the outcome (see WithTx).
 func (c *Conn) commit(ctx context.Context) error {
@@ -222,6 +227,14 @@ func (c *Conn) commit(ctx context.Context) error {
 		defer cancel()
 		_ = c.Reset(cctx)
 		return fmt.Errorf("%w: %w", ErrNotCommitted, commitErr)
+	}
+	if errors.As(commitErr, &pgErr) && pgErr.Code == codeIdleInTxTimeout {
+		// The server ended the session for idling in the transaction. It
+		// raises 25P03 only while it waits for the next command, and checks
+		// for it once more after reading one and before running it, so
+		// COMMIT never ran: the transaction was rolled back with the session.
+		c.MarkDirty(&CleanupError{Step: "commit", Err: commitErr})
+		return fmt.Errorf("%w: the session was ended before COMMIT ran: %w", ErrNotCommitted, commitErr)
 	}
 	// Sent (or, after a failed write, possibly sent), no answer: the outcome is unknown, and so is the session's.
 	c.MarkDirty(&CleanupError{Step: "commit", Err: commitErr})
