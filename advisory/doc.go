@@ -325,7 +325,9 @@
 //     (pooltx.ErrNotCommitted, the 25P03 kept: PostgreSQL checks for that
 //     timeout after reading COMMIT and before running it, so nothing was
 //     committed). A WithLock callback that
-//     idles inside its own BEGIN gets [ErrLockLost] and [ErrCallbackInTx].
+//     idles inside its own BEGIN gets [ErrLockLost] and [ErrCallbackInTx]
+//     (the 25P03 kept); one that then runs a statement and ignores its
+//     error has found the connection closed, and gets [ErrLockLost] alone.
 //
 // # Deadlocks
 //

@@ -82,9 +82,11 @@ var (
 	// aborted (a statement in it failed, SQLSTATE 25P02 for what follows).
 	// Nothing of that transaction is committed: it is rolled back, then
 	// the lock is released as usual (a connection on which the rollback
-	// fails is destroyed, which also releases it). fn's own error, if any,
-	// is joined. A callback that commits or rolls back its own BEGIN does
-	// not get it.
+	// fails is destroyed, which also releases it, and the rollback's error,
+	// a server's FATAL say, is kept in the chain). What fn committed itself
+	// before it (a COMMIT AND CHAIN, whose new transaction is the one left
+	// open) is kept. fn's own error, if any, is joined. A callback that
+	// commits or rolls back its own BEGIN does not get it.
 	ErrCallbackInTx = errors.New("advisory: callback returned inside a transaction (rolled back)")
 )
 

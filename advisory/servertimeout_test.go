@@ -440,6 +440,8 @@ func TestIdleInTransactionTimeout(t *testing.T) {
 	})
 	require.ErrorIs(t, err, advisory.ErrLockLost)
 	require.ErrorIs(t, err, advisory.ErrCallbackInTx)
+	require.ErrorAs(t, err, &pgErr, "the FATAL the ROLLBACK read is kept")
+	assert.Equal(t, "25P03", pgErr.Code)
 	requireOneLoss(t, rec)
 }
 
@@ -496,4 +498,25 @@ func TestAForeignCancelOfAWaitMatchesNoSentinel(t *testing.T) {
 			assert.True(t, newProbe(t).free(ctx, k, false), "nothing is held")
 		})
 	}
+}
+
+// The package doc's idle_in_transaction_session_timeout entry: a WithLock
+// callback that idles inside its own BEGIN and then runs a statement whose
+// error it ignores has found the connection closed: ErrLockLost alone.
+func TestIdleInTransactionTimeoutThenAnIgnoredStatement(t *testing.T) {
+	ctx := testCtx(t)
+	pool := rolePool(t, map[string]string{"idle_in_transaction_session_timeout": "300ms"})
+	l := newLocker(t, pool, advisory.Config{})
+	k := key(t)
+	err := l.WithLock(ctx, k, nil, func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, "BEGIN")
+		require.NoError(t, err)
+		awaitGone(ctx, t, conn.PgConn().PID())
+		_, err = conn.Exec(ctx, "SELECT 1")
+		require.Error(t, err) // and ignored
+		return nil
+	})
+	require.ErrorIs(t, err, advisory.ErrLockLost)
+	assert.NotErrorIs(t, err, advisory.ErrCallbackInTx)
+	assert.True(t, newProbe(t).free(ctx, k, false))
 }

@@ -186,6 +186,11 @@ func (l *Locker) endLeftTx(ctx context.Context, a *acquired) error {
 	if rerr != nil || pg.TxStatus() != 'I' {
 		a.c.MarkDirty(err) // destroyed after the unlock: that ends the transaction
 	}
+	if rerr != nil {
+		// Keep what the ROLLBACK read: the FATAL of a session the server
+		// ended (idle_in_transaction_session_timeout's 25P03, say).
+		err.Err = fmt.Errorf("%w: rollback: %w", err.Err, rerr)
+	}
 	return err
 }
 

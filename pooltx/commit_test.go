@@ -221,3 +221,40 @@ func TestIdleInTransactionTimeoutIsNotCommitted(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&next))
 	assert.NotEqual(t, pid, next, "the ended connection was destroyed")
 }
+
+// WithTx's doc: a COMMIT AND CHAIN of fn's own commits what came before
+// it; the outcome WithTx reports (here ErrNotCommitted: the chained
+// transaction failed) is the new transaction's only. A PREPARE TRANSACTION
+// of fn's own that fails has rolled back: WithTx returns fn's nil.
+func TestWithTxOwnEndings(t *testing.T) {
+	ctx := testCtx(t)
+	admin := pgtest.Pool(t)
+	pool := pgtest.Pool(t)
+	t.Run("commit and chain", func(t *testing.T) {
+		table := createTable(ctx, t, admin, "CREATE TABLE %s (id int)")
+		err := pooltx.WithTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+			for _, q := range []string{"INSERT INTO " + table + " VALUES (1)", "COMMIT AND CHAIN", "INSERT INTO " + table + " VALUES (2)"} {
+				_, err := tx.Exec(ctx, q)
+				require.NoError(t, err)
+			}
+			_, err := tx.Exec(ctx, "SELECT 1/0")
+			require.Error(t, err) // and swallowed
+			return nil
+		})
+		require.ErrorIs(t, err, pooltx.ErrNotCommitted)
+		assert.Equal(t, 1, countRows(ctx, t, admin, table))
+	})
+	t.Run("failed prepare", func(t *testing.T) {
+		table := createTable(ctx, t, admin, "CREATE TABLE %s (id int)")
+		err := pooltx.WithTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "INSERT INTO "+table+" VALUES (1)")
+			require.NoError(t, err)
+			// Prepared transactions are disabled: max_prepared_transactions = 0.
+			_, err = tx.Exec(ctx, "PREPARE TRANSACTION 'pgxlock_own'")
+			require.Error(t, err) // and swallowed
+			return nil
+		})
+		require.NoError(t, err)
+		assert.Zero(t, countRows(ctx, t, admin, table))
+	})
+}

@@ -10,7 +10,8 @@ import (
 // pgx.ErrTxCommitRollback, a context's error or a network error).
 var (
 	// ErrNotCommitted: the transaction was not committed and nothing fn
-	// did in it is kept; it is safe to run the work again. The context
+	// did in it is kept; it is safe to run the work again (unless fn
+	// committed part of it itself, by COMMIT AND CHAIN: that part is kept). The context
 	// ended before COMMIT was sent (the transaction was rolled back), or
 	// the server refused COMMIT (a deferred constraint, a serialization
 	// failure: its *pgconn.PgError is in the chain), or the transaction

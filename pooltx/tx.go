@@ -66,7 +66,11 @@ type TxOptions struct {
 // fn may end the transaction itself (tx.Commit, tx.Rollback, or the SQL):
 // that is accepted, what fn did is the outcome, and WithTx returns fn's nil
 // after resetting the session; what fn ran after that ran outside any
-// transaction. The errors of fn's own Commit are fn's to return.
+// transaction. The errors of fn's own Commit are fn's to return: a COMMIT
+// or PREPARE TRANSACTION of fn's own that fails has rolled back, and WithTx
+// still returns fn's nil. A COMMIT AND CHAIN commits what came before it
+// and opens a new transaction, which WithTx commits as its own: the
+// outcome reported below is that new transaction's only.
 //
 // When fn returned nil but the transaction was not committed, the error
 // matches [ErrNotCommitted]: the context ended before COMMIT was sent (it
