@@ -134,9 +134,7 @@ func (d *dedicated) watch(h *Lock) {
 		_ = nc.SetReadDeadline(deadline)
 		h.mu.Unlock()
 
-		// context.Background: no pgx context watcher (which could send
-		// cancel requests); the read deadline above is the only timer.
-		err := pg.WaitForNotification(context.Background())
+		err := waitNotification(pg) // the read deadline above is its only timer
 
 		h.mu.Lock()
 		d.waiting = false
@@ -151,7 +149,7 @@ func (d *dedicated) watch(h *Lock) {
 			continue // a notification for a channel the caller LISTENed to
 		case isTimeout(err) && !pg.IsClosed():
 			pctx, cancel := context.WithTimeout(ctx, timeout)
-			perr := pg.Ping(pctx)
+			perr := pingGuarded(pctx, pg)
 			cancel()
 			if perr != nil {
 				d.lose(h, perr)

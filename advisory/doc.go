@@ -240,7 +240,12 @@
 // locks are then lost, as when its session dies; a handle whose Unlock
 // panicked is lost: Done closes, Err and a later Unlock match
 // ErrLockLost), its slot of Config.MaxConns is given back, and the panic
-// goes on up. A pgxpool hook that panics while the library draws a
+// goes on up. The exception is a held lock's watcher, which reads the idle
+// connection on a goroutine of the library's, where nobody could recover a
+// panic: one of the pool's OnNotice or OnNotification handler there (a
+// NOTIFY to a channel the pool's AfterConnect LISTENs to, say) is
+// recovered, and the lock is lost as when its connection dies ([ErrLockLost],
+// the panic's value in the cause). A pgxpool hook that panics while the library draws a
 // connection (PrepareConn, say) gets the slot back too, but pgxpool
 // itself (v5.12) then keeps the connection it was preparing acquired for
 // good, and Pool.Close waits for it: do not panic in pool hooks. pgx's

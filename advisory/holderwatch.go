@@ -3,7 +3,10 @@ package advisory
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // watch runs while hc holds locks. Between statements it holds the turn
@@ -84,9 +87,7 @@ func (hc *holderConn) watch() {
 			hc.parked = true
 			_ = nc.SetReadDeadline(deadline)
 			hc.mu.Unlock()
-			// context.Background: no pgx context watcher (which could send
-			// cancel requests); the read deadline is the only timer.
-			err = pg.WaitForNotification(context.Background())
+			err = waitNotification(pg)
 			hc.mu.Lock()
 			hc.parked = false
 			_ = nc.SetReadDeadline(time.Time{})
@@ -102,7 +103,7 @@ func (hc *holderConn) watch() {
 				break // cut short by a caller: let it have the turn
 			}
 			pctx, cancel := context.WithTimeout(&hc.watchCtx, timeout)
-			perr := pg.Ping(pctx)
+			perr := pingGuarded(pctx, pg)
 			cancel()
 			if perr != nil {
 				hc.lose(perr, nil, true)
@@ -120,3 +121,27 @@ func (hc *holderConn) watch() {
 }
 
 var errHeartbeatDue = errors.New("advisory: heartbeat due")
+
+// waitNotification parks a watcher in a read on pg (context.Background: no
+// pgx context watcher, which could send cancel requests; the read deadline
+// is the only timer). The watcher's goroutine is the library's: a panic of
+// the pool's OnNotice or OnNotification handler there, which no caller
+// could recover, would end the process, so it becomes the read's error and
+// the connection is lost.
+func waitNotification(pg *pgconn.PgConn) (err error) {
+	defer recoverHandler(&err)
+	return pg.WaitForNotification(context.Background())
+}
+
+// pingGuarded is pg.Ping on a watcher's goroutine, a handler's panic
+// recovered as in waitNotification.
+func pingGuarded(ctx context.Context, pg *pgconn.PgConn) (err error) {
+	defer recoverHandler(&err)
+	return pg.Ping(ctx)
+}
+
+func recoverHandler(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("advisory: a handler of the pool's connection panicked while the watcher read: %v", r)
+	}
+}

@@ -184,7 +184,7 @@ func (c *Conn) Release() (destroyed bool) {
 		c.MarkDirty(errUnknownIdentity)
 	}
 	if c.dirty == nil && !c.clean && !c.conn.IsClosed() && !pg.IsBusy() && pg.TxStatus() == 'I' {
-		c.resetBounded()
+		c.releaseReset()
 	}
 	pc := c.pc
 	c.pc = nil
@@ -205,6 +205,23 @@ func (c *Conn) Release() (destroyed bool) {
 	raw := pc.Hijack()
 	closeNow(raw, c.timeout)
 	return true
+}
+
+// releaseReset runs Release's reset. A panic out of it (the pool's
+// OnNotice, say, called while the answers are read) destroys the
+// connection, which gives its slot back to the pool, before it goes on up.
+func (c *Conn) releaseReset() {
+	done := false
+	defer func() {
+		if !done {
+			c.MarkDirty(errors.New("pooltx: the reset panicked"))
+			pc := c.pc
+			c.pc = nil
+			closeNow(pc.Hijack(), c.timeout)
+		}
+	}()
+	c.resetBounded()
+	done = true
 }
 
 // closeNow closes a connection that must not be reused so that its backend
