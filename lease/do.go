@@ -38,7 +38,11 @@ type DoOptions struct {
 // start of the winning acquisition (or of the last successful renewal)
 // plus TTL minus Margin, measured on the local monotonic clock. The window
 // only ever makes the callback stop early; no lease decision uses it.
-// Transient renewal errors are retried until the window closes.
+// Transient renewal errors are retried until the window closes. A renewal
+// that panics (code of the pool's, a tracer or an OnNotice handler, run on
+// the renewal goroutine) stops the renewals and cancels fn's context the
+// same way, and its panic is raised again in Do's caller once fn has
+// returned and the lease is released.
 //
 // ctx governs the acquisition and is the parent of fn's context. The renewal
 // goroutine is stopped and waited for before the release, which runs under
@@ -147,8 +151,18 @@ func run(ctx context.Context, op string, k keepAlive, s schedule, fn func(contex
 	defer stopKeeper()
 
 	var lost error // set by the keeper; read only after wg.Wait
+	var kept keeperPanic
 	var wg sync.WaitGroup
-	wg.Go(func() { lost = k.keep(kctx, s, cancelFn) })
+	wg.Go(func() {
+		// The keeper's goroutine is the library's: a panic of the pool's
+		// code in a renewal (a tracer, an OnNotice handler) would end the
+		// process there. It stops the trust in the lease (fn's context is
+		// cancelled) and is raised again in the caller's goroutine once fn
+		// has returned and the lease is released.
+		defer kept.catch(cancelFn)
+		lost = k.keep(kctx, s, cancelFn)
+		kept.done = true
+	})
 
 	finish := func() error {
 		stopKeeper() // also interrupts a renewal in flight
@@ -166,6 +180,9 @@ func run(ctx context.Context, op string, k keepAlive, s schedule, fn func(contex
 	fnErr := fn(fctx)
 	panicked = false
 	relErr := finish()
+	if !kept.done {
+		panic(kept.value)
+	}
 
 	var errs []error
 	if fnErr != nil {
@@ -194,6 +211,22 @@ func run(ctx context.Context, op string, k keepAlive, s schedule, fn func(contex
 		return &Error{Op: op, Resource: clip(k.resource), Err: errs[0], asIs: true}
 	}
 	return &Error{Op: op, Resource: clip(k.resource), Err: errors.Join(errs...), asIs: true}
+}
+
+// keeperPanic carries a panic out of the keeper's goroutine (see run).
+type keeperPanic struct {
+	done  bool // the keeper returned
+	value any  // what it panicked with, when it did not
+}
+
+// catch, deferred by the keeper, recovers its panic and ends the trust in
+// the lease.
+func (p *keeperPanic) catch(cancel context.CancelCauseFunc) {
+	if p.done {
+		return
+	}
+	p.value = recover()
+	cancel(fmt.Errorf("%w: a renewal panicked (raised again when the callback returns): %v", ErrLeaseLost, p.value))
 }
 
 // releaseTries bounds how many times releaseRetrying releases. A retry
