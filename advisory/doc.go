@@ -372,8 +372,12 @@
 // its chain. A lock wait that another session's pg_cancel_backend ended
 // matches none of them where the server's messages are in English (see
 // "Server timeouts"): the *LockError keeps the server's 57014, nothing is
-// held, and the callback did not run. A callback's own error is returned
-// unchanged. Only a wait for
+// held, and the callback did not run. Neither does an unlock that code of
+// the pool's refused on a connection still open (a tracer's cancelled
+// context, a codec that cannot scan the result) after a callback that ran
+// under the lock: that *LockError wraps a pooltx.CleanupError, and the
+// connection was destroyed, which released the lock. A callback's own
+// error is returned unchanged. Only a wait for
 // a lock is a lock timeout: a call that could not get a connection in time
 // (pool or Config.MaxConns exhausted, a server that cannot be reached or
 // does not answer) fails with [ErrNoConnection]. A Try call never waits
