@@ -245,7 +245,7 @@
 // panic: one of the pool's OnNotice or OnNotification handler there (a
 // NOTIFY to a channel the pool's AfterConnect LISTENs to, say) is
 // recovered, and the lock is lost as when its connection dies ([ErrLockLost],
-// the panic's value in the cause). A pgxpool hook that panics while the library draws a
+// the panic's value in the cause: in its chain, when it is an error). A pgxpool hook that panics while the library draws a
 // connection (PrepareConn, say) gets the slot back too, but pgxpool
 // itself (v5.12) then keeps the connection it was preparing acquired for
 // good, and Pool.Close waits for it: do not panic in pool hooks. pgx's

@@ -2,6 +2,7 @@ package advisory_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -18,6 +19,8 @@ import (
 	"github.com/pgxlock/pgxlock/pooltx"
 )
 
+var errNotificationHandler = errors.New("notification handler")
+
 // A held lock's watcher runs on the library's goroutine: a panic of the
 // pool's OnNotification handler there (a NOTIFY to a channel the pool's
 // AfterConnect LISTENs to) loses the lock, as a dead connection does, and
@@ -33,7 +36,7 @@ func TestAPanicOfTheNotificationHandlerInTheWatcherLosesTheLock(t *testing.T) {
 				_, err := c.Exec(ctx, "LISTEN "+channel)
 				return err
 			}
-			cfg.ConnConfig.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) { panic("notification handler") }
+			cfg.ConnConfig.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) { panic(errNotificationHandler) }
 			pool := pgtest.NewPool(t, cfg)
 			l := newLocker(t, pool, advisory.Config{DisableMultiplexing: dedicated})
 			k := key(t)
@@ -47,7 +50,7 @@ func TestAPanicOfTheNotificationHandlerInTheWatcherLosesTheLock(t *testing.T) {
 				t.Fatal("the lock was not lost")
 			}
 			require.ErrorIs(t, h.Err(), advisory.ErrLockLost)
-			assert.ErrorContains(t, h.Err(), "notification handler")
+			assert.ErrorIs(t, h.Err(), errNotificationHandler, "an error panicked with is in the chain")
 			require.Eventually(t, func() bool { return newProbe(t).free(ctx, k, false) }, 10*time.Second, 5*time.Millisecond)
 			require.Eventually(t, func() bool { return pool.Stat().AcquiredConns() == 0 }, 10*time.Second, 5*time.Millisecond,
 				"the slot came back")

@@ -141,7 +141,13 @@ func pingGuarded(ctx context.Context, pg *pgconn.PgConn) (err error) {
 }
 
 func recoverHandler(err *error) {
-	if r := recover(); r != nil {
-		*err = fmt.Errorf("advisory: a handler of the pool's connection panicked while the watcher read: %v", r)
+	r := recover()
+	if r == nil {
+		return
 	}
+	if e, ok := r.(error); ok { // kept for errors.Is and errors.As
+		*err = fmt.Errorf("advisory: a handler of the pool's connection panicked while the watcher read: %w", e)
+		return
+	}
+	*err = fmt.Errorf("advisory: a handler of the pool's connection panicked while the watcher read: %v", r)
 }

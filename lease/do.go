@@ -42,7 +42,9 @@ type DoOptions struct {
 // that panics (code of the pool's, a tracer or an OnNotice handler, run on
 // the renewal goroutine) stops the renewals and cancels fn's context the
 // same way, and its panic is raised again in Do's caller once fn has
-// returned and the lease is released.
+// returned and the lease is released (a panic value that is an error is in
+// the cause's chain); one that calls runtime.Goexit there stops them too,
+// and Do reports the lease lost.
 //
 // ctx governs the acquisition and is the parent of fn's context. The renewal
 // goroutine is stopped and waited for before the release, which runs under
@@ -180,8 +182,11 @@ func run(ctx context.Context, op string, k keepAlive, s schedule, fn func(contex
 	fnErr := fn(fctx)
 	panicked = false
 	relErr := finish()
-	if !kept.done {
+	if kept.panicked {
 		panic(kept.value)
+	}
+	if !kept.done {
+		lost = kept.cause // the keeper exited its goroutine: the renewals stopped
 	}
 
 	var errs []error
@@ -215,18 +220,37 @@ func run(ctx context.Context, op string, k keepAlive, s schedule, fn func(contex
 
 // keeperPanic carries a panic out of the keeper's goroutine (see run).
 type keeperPanic struct {
-	done  bool // the keeper returned
-	value any  // what it panicked with, when it did not
+	done     bool  // the keeper returned
+	panicked bool  // it panicked, with value
+	value    any   // what it panicked with
+	cause    error // fn's context's cause, when the keeper did not return
 }
 
 // catch, deferred by the keeper, recovers its panic and ends the trust in
-// the lease.
+// the lease. A keeper that neither returned nor panicked called
+// runtime.Goexit (code of the pool's calling t.FailNow, say): the renewals
+// are over all the same, but there is no panic to raise again.
 func (p *keeperPanic) catch(cancel context.CancelCauseFunc) {
 	if p.done {
 		return
 	}
 	p.value = recover()
-	cancel(fmt.Errorf("%w: a renewal panicked (raised again when the callback returns): %v", ErrLeaseLost, p.value))
+	if p.value == nil {
+		p.cause = fmt.Errorf("%w: a renewal exited its goroutine (runtime.Goexit)", ErrLeaseLost)
+	} else {
+		p.panicked = true
+		p.cause = fmt.Errorf("%w: a renewal panicked (raised again when the callback returns): %w", ErrLeaseLost, panicError(p.value))
+	}
+	cancel(p.cause)
+}
+
+// panicError is a recovered panic's value as an error: itself when it is
+// one (errors.Is and errors.As then find it), else its text.
+func panicError(v any) error {
+	if err, ok := v.(error); ok {
+		return err
+	}
+	return fmt.Errorf("%v", v)
 }
 
 // releaseTries bounds how many times releaseRetrying releases. A retry

@@ -128,7 +128,7 @@ func Acquire(ctx context.Context, pool *pgxpool.Pool, opts *ConnOptions) (*Conn,
 		if d, ok := ctx.Deadline(); ok && time.Until(d) < within {
 			within = max(time.Until(d), time.Millisecond)
 		}
-		if err := c.recordBaseline(within); err != nil {
+		if err := c.recordBaselineGuarded(within); err != nil {
 			c.Release() // destroys it
 			if cerr := ctx.Err(); cerr != nil {
 				return nil, fmt.Errorf("pooltx: acquire connection: %w: %w", err, cerr)
@@ -205,6 +205,22 @@ func (c *Conn) Release() (destroyed bool) {
 	raw := pc.Hijack()
 	closeNow(raw, c.timeout)
 	return true
+}
+
+// recordBaselineGuarded is Acquire's recordBaseline. A panic out of it (the
+// pool's OnNotice, say, called while the answers are read) destroys the
+// connection, which gives its slot back to the pool, before it goes on up:
+// nothing else holds the connection yet.
+func (c *Conn) recordBaselineGuarded(within time.Duration) error {
+	done := false
+	defer func() {
+		if !done {
+			c.Destroy(errors.New("pooltx: the identity read panicked"))
+		}
+	}()
+	err := c.recordBaseline(within)
+	done = true
+	return err
 }
 
 // releaseReset runs Release's reset. A panic out of it (the pool's

@@ -321,7 +321,8 @@
 // transaction and session locks go with it, server-side) and the panic value
 // is re-raised in the caller's goroutine, the policy of database/sql's
 // Conn.Raw. The same holds for a panic of the pool's own code (an OnNotice
-// handler, a tracer) while the package's cleanup statements run, Release's
-// reset included: the connection is destroyed, its slot of the pool given
-// back, and the panic goes on up.
+// handler, a tracer) while the package's own statements run (Release's
+// reset, Acquire's first reading of the session's identity, the COMMIT or
+// ROLLBACK with its reset): the connection is destroyed, its slot of the
+// pool given back, and the panic goes on up.
 package pooltx

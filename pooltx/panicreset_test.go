@@ -48,3 +48,32 @@ func TestAPanicInReleasesResetDestroysTheConnection(t *testing.T) {
 	assert.NotEqual(t, pid, next, "the connection was destroyed")
 	awaitKeyFree(ctx, t, pgtest.Pool(t), key)
 }
+
+// The package doc's panics: a panic out of Acquire's first-pin identity
+// read (the pool's OnNotice) destroys the connection and gives its slot
+// back before it goes on up (review 29e: the slot stayed taken for good).
+func TestAPanicInAcquiresIdentityReadDestroysTheConnection(t *testing.T) {
+	ctx := testCtx(t)
+	var armed atomic.Bool
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	cfg.ConnConfig.RuntimeParams["client_min_messages"] = "debug5"
+	cfg.ConnConfig.OnNotice = func(*pgconn.PgConn, *pgconn.Notice) {
+		if armed.CompareAndSwap(true, false) {
+			panic("notice handler")
+		}
+	}
+	pool := pgtest.NewPool(t, cfg)
+	// Open the connection through pgxpool alone: pooltx has not pinned it.
+	pc, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	pid := pc.Conn().PgConn().PID()
+	pc.Release()
+	armed.Store(true) // the next notice is the identity read's
+	require.PanicsWithValue(t, "notice handler", func() { _, _ = pooltx.Acquire(ctx, pool, nil) })
+	assert.Zero(t, pool.Stat().AcquiredConns(), "the slot came back")
+	c, err := pooltx.Acquire(ctx, pool, nil)
+	require.NoError(t, err)
+	assert.NotEqual(t, pid, c.Conn().PgConn().PID(), "the connection was destroyed")
+	c.Release()
+}
