@@ -208,14 +208,14 @@ func (c *Conn) Release() (destroyed bool) {
 }
 
 // recordBaselineGuarded is Acquire's recordBaseline. A panic out of it (the
-// pool's OnNotice, say, called while the answers are read) destroys the
-// connection, which gives its slot back to the pool, before it goes on up:
-// nothing else holds the connection yet.
+// pool's OnNotice, say, called while the answers are read; recordBaseline
+// has marked c dirty) destroys the connection, which gives its slot back to
+// the pool, before it goes on up: nothing else holds the connection yet.
 func (c *Conn) recordBaselineGuarded(within time.Duration) error {
 	done := false
 	defer func() {
 		if !done {
-			c.Destroy(errors.New("pooltx: the identity read panicked"))
+			c.Release()
 		}
 	}()
 	err := c.recordBaseline(within)

@@ -77,3 +77,27 @@ func TestAPanicInAcquiresIdentityReadDestroysTheConnection(t *testing.T) {
 	assert.NotEqual(t, pid, c.Conn().PgConn().PID(), "the connection was destroyed")
 	c.Release()
 }
+
+// The same, with ConnOptions.DeferIdentity: the identity read runs at the
+// first Lend; a panic out of it marks the connection dirty, and Release
+// destroys it.
+func TestAPanicInLendsIdentityReadDestroysTheConnection(t *testing.T) {
+	ctx := testCtx(t)
+	var armed atomic.Bool
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	cfg.ConnConfig.RuntimeParams["client_min_messages"] = "debug5"
+	cfg.ConnConfig.OnNotice = func(*pgconn.PgConn, *pgconn.Notice) {
+		if armed.CompareAndSwap(true, false) {
+			panic("notice handler")
+		}
+	}
+	pool := pgtest.NewPool(t, cfg)
+	c, err := pooltx.Acquire(ctx, pool, &pooltx.ConnOptions{DeferIdentity: true})
+	require.NoError(t, err)
+	armed.Store(true)
+	require.PanicsWithValue(t, "notice handler", func() { c.Lend(ctx) })
+	require.Error(t, c.Dirty())
+	assert.True(t, c.Release(), "destroyed")
+	assert.Zero(t, pool.Stat().AcquiredConns())
+}

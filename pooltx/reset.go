@@ -296,7 +296,18 @@ func (c *Conn) lend(mark bool) error {
 // the cleanup bound, not a context: a cancelled ctx must not close a
 // connection that may hold the caller's lock.
 func (c *Conn) recordBaseline(within time.Duration) error {
+	done := false
+	defer func() {
+		if !done {
+			// A panic of the pool's code while the answers were read (its
+			// OnNotice): the rest of them is still on the way, as after a
+			// read the bound cut. The panic goes on up.
+			c.MarkDirty(errors.New("pooltx: the identity read panicked"))
+			_ = c.conn.PgConn().Conn().Close()
+		}
+	}()
 	err := c.readBaseline(within)
+	done = true
 	if err != nil {
 		// A read the bound cut leaves its answer on the way (pgx keeps a
 		// connection whose read timed out open): close the socket, so that
