@@ -245,7 +245,13 @@
 // panic: one of the pool's OnNotice or OnNotification handler there (a
 // NOTIFY to a channel the pool's AfterConnect LISTENs to, say) is
 // recovered, and the lock is lost as when its connection dies ([ErrLockLost],
-// the panic's value in the cause: in its chain, when it is an error). A pgxpool hook that panics while the library draws a
+// the panic's value in the cause: in its chain, when it is an error).
+// pgx runs those two handlers inside the read that receives the message,
+// the watcher's included, and a handler that blocks holds that read: the
+// watcher then sees no loss (no heartbeat runs) and a statement on that
+// connection, an Unlock's included, returns only once the handler does,
+// past its bound. Keep them short, or hand the message to a goroutine of
+// your own. A pgxpool hook that panics while the library draws a
 // connection (PrepareConn, say) gets the slot back too, but pgxpool
 // itself (v5.12) then keeps the connection it was preparing acquired for
 // good, and Pool.Close waits for it: do not panic in pool hooks. pgx's

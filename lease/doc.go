@@ -148,7 +148,8 @@
 // whatever the session defaults are. The compare-and-swap needs READ
 // COMMITTED: under REPEATABLE READ or SERIALIZABLE (default_transaction_isolation)
 // a racing UPDATE fails with 40001 instead of matching no row; here no
-// serialization failure reaches the caller. TimeZone UTC makes a timestamp
+// serialization failure reaches the caller (except from a table partitioned
+// by a lease column: see "Triggers, rules and partitions"). TimeZone UTC makes a timestamp
 // (without time zone) lock column hold UTC for every session, so sessions in
 // different zones agree on whether a lease is live. Both settings are
 // transaction-local and end with the transaction (the search_path too: see
@@ -431,6 +432,25 @@
 // an unrelated save of the same entity from stale in-memory state would then
 // silently clear or overwrite a live lease. Leave them out of the entity, as
 // you would a version column you manage by hand.
+//
+// # Triggers, rules and partitions
+//
+// For the same reason a trigger or rule must not change what this
+// package's statements write (the lease columns; in the lock manager's
+// tables, every column). A BEFORE UPDATE trigger that keeps the old fence
+// makes tokens repeat, one that keeps the old expiry or locked-at time
+// makes a renewal report success without extending anything, and a rule
+// that replaces the statements breaks them: nothing in the package
+// detects it, and exclusion and fencing are lost. Triggers that leave those
+// columns alone are fine (an AFTER trigger that audits into another table,
+// a BEFORE trigger that sets an updated_at column). A trigger that raises
+// an error fails the call with it, a *Error wrapping the *pgconn.PgError,
+// and changes nothing; a 55P03 (lock_not_available) it raises reads as the
+// lease being busy, ErrNotAcquired. A column lease's table partitioned by
+// one of its lease columns moves the row to another partition at each
+// acquisition: an acquisition racing one then fails with the server's
+// 40001 ("tuple to be locked was already moved to another partition"),
+// not ErrNotAcquired.
 //
 // # Advisory locks, leases and idempotency keys
 //

@@ -112,3 +112,90 @@ func TestAnUnlockThePoolsCodeRefusedIsACleanupError(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&next))
 	assert.NotEqual(t, pid, next, "the connection was destroyed")
 }
+
+// blockingHandler blocks the handler it is given to, once armed, until
+// released, and tells when it has begun to.
+type blockingHandler struct {
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func newBlockingHandler() *blockingHandler {
+	return &blockingHandler{entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (b *blockingHandler) handle() {
+	if b.armed.CompareAndSwap(true, false) {
+		close(b.entered)
+		<-b.release
+	}
+}
+
+// notBefore fails t if done is closed within d (a bounded check that
+// something has not happened yet, not a synchronisation).
+func notBefore(t *testing.T, done <-chan struct{}, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-done:
+		t.Fatalf("%s while the handler blocked", what)
+	case <-time.After(d):
+	}
+}
+
+// The package doc: a handler that blocks holds the read it runs in. A
+// held lock's watcher then sees no loss until it returns (a terminated
+// backend included), and the loss is reported once it has.
+func TestABlockingNotificationHandlerHoldsTheWatcher(t *testing.T) {
+	ctx := testCtx(t)
+	bh := newBlockingHandler()
+	channel := fmt.Sprintf("pgxlock_block_%d", pgtest.UniqueInt64(t)&0xffffff)
+	cfg := pgtest.Config(t)
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "LISTEN "+channel)
+		return err
+	}
+	cfg.ConnConfig.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) { bh.handle() }
+	pool := pgtest.NewPool(t, cfg)
+	const beat = 50 * time.Millisecond
+	l := newLocker(t, pool, advisory.Config{HeartbeatInterval: beat, HeartbeatTimeout: beat})
+	admin := pgtest.Pool(t)
+	k := key(t)
+	h, err := l.Lock(ctx, k, nil)
+	require.NoError(t, err)
+	pid := holderPID(ctx, t, admin, k)
+	bh.armed.Store(true)
+	_, err = admin.Exec(ctx, "SELECT pg_notify($1, 'x')", channel)
+	require.NoError(t, err)
+	<-bh.entered // the watcher runs the handler
+	_, err = admin.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(pid))
+	require.NoError(t, err)
+	notBefore(t, h.Done(), 10*(beat+beat), "the loss was seen")
+	close(bh.release)
+	<-h.Done()
+	require.ErrorIs(t, h.Err(), advisory.ErrLockLost)
+}
+
+// The package doc: an Unlock whose statement meets a blocking OnNotice
+// returns only once the handler does, past its bound (CleanupTimeout).
+func TestABlockingNoticeHandlerHoldsTheUnlock(t *testing.T) {
+	ctx := testCtx(t)
+	bh := newBlockingHandler()
+	cfg := pgtest.Config(t)
+	cfg.ConnConfig.RuntimeParams["client_min_messages"] = "debug5" // a notice in every answer
+	cfg.ConnConfig.OnNotice = func(*pgconn.PgConn, *pgconn.Notice) { bh.handle() }
+	pool := pgtest.NewPool(t, cfg)
+	const bound = 50 * time.Millisecond
+	l := newLocker(t, pool, advisory.Config{CleanupTimeout: bound, DisableMultiplexing: true, HeartbeatInterval: -1})
+	k := key(t)
+	h, err := l.Lock(ctx, k, nil)
+	require.NoError(t, err)
+	bh.armed.Store(true)
+	done := make(chan struct{})
+	go func() { _ = h.Unlock(ctx); close(done) }()
+	<-bh.entered
+	notBefore(t, done, 10*bound, "Unlock returned")
+	close(bh.release)
+	<-done
+	require.Eventually(t, func() bool { return newProbe(t).free(ctx, k, false) }, 10*time.Second, 5*time.Millisecond)
+}
