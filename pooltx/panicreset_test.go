@@ -2,9 +2,12 @@ package pooltx_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -100,4 +103,54 @@ func TestAPanicInLendsIdentityReadDestroysTheConnection(t *testing.T) {
 	require.Error(t, c.Dirty())
 	assert.True(t, c.Release(), "destroyed")
 	assert.Zero(t, pool.Stat().AcquiredConns())
+}
+
+// endPanicTracer is a pool QueryTracer whose TraceQueryEnd panics, once
+// armed, for the next statement beginning with prefix: pgx calls it after
+// the statement's answers were all read.
+type endPanicTracer struct {
+	prefix string
+	armed  atomic.Bool
+}
+
+type endPanicKey struct{}
+
+func (e *endPanicTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.HasPrefix(d.SQL, e.prefix) && e.armed.CompareAndSwap(true, false) {
+		return context.WithValue(ctx, endPanicKey{}, true)
+	}
+	return ctx
+}
+
+func (*endPanicTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if ctx.Value(endPanicKey{}) != nil {
+		panic("tracer")
+	}
+}
+
+// The package doc's panics: a panic of the pool's tracer in WithTx's
+// ROLLBACK (with its reset), even once its answers were read, destroys the
+// connection (review 30f: the reset ran again and the connection went back
+// to the pool).
+func TestAPanicInTheRollbackDestroysTheConnection(t *testing.T) {
+	ctx := testCtx(t)
+	tr := &endPanicTracer{prefix: "ROLLBACK"}
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	cfg.ConnConfig.Tracer = tr
+	pool := pgtest.NewPool(t, cfg)
+	var pid uint32
+	require.PanicsWithValue(t, "tracer", func() {
+		_ = pooltx.WithTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+			pid = tx.Conn().PgConn().PID()
+			_, err := tx.Exec(ctx, "SET application_name = 'dirty'") // lent work: the reset follows the ROLLBACK
+			require.NoError(t, err)
+			tr.armed.Store(true)
+			return errors.New("roll back")
+		})
+	})
+	assert.Zero(t, pool.Stat().AcquiredConns())
+	var next uint32
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&next))
+	assert.NotEqual(t, pid, next, "the connection was destroyed")
 }

@@ -321,7 +321,17 @@ func (c *Conn) rollback(ctx context.Context) error {
 	}
 	cctx, cancel := CleanupContext(ctx, c.timeout)
 	defer cancel()
-	if _, err := c.conn.Exec(cctx, sql); err != nil {
+	done := false
+	defer func() {
+		if !done {
+			// The pool's code panicked in the statement (its tracer, even
+			// after the answers were read): c goes, the panic on up.
+			c.MarkDirty(errors.New("pooltx: the rollback panicked"))
+		}
+	}()
+	_, err := c.conn.Exec(cctx, sql)
+	done = true
+	if err != nil {
 		cerr := &CleanupError{Step: "rollback", Err: err}
 		c.MarkDirty(cerr)
 		return cerr
