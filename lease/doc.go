@@ -164,7 +164,13 @@
 // snapshot while a serializable read-write transaction runs, which
 // TryLockTimeout does not bound: the call ends with its context's error,
 // not ErrNotAcquired. Set those defaults per transaction rather than for
-// the pool's sessions.
+// the pool's sessions. For the same reason a table lock held on the lease
+// tables (VACUUM FULL, CLUSTER, most ALTER TABLE, LOCK TABLE) is waited for
+// without TryLockTimeout by a connection's first use of a statement: a Try
+// call on a fresh connection then waits until the lock is gone or its
+// context ends (with the context's error), where one on a connection that
+// has run it before answers ErrNotAcquired after TryLockTimeout. Bound such
+// calls with their context.
 //
 // # Durability
 //

@@ -24,7 +24,11 @@ func (m *Manager) ReleaseAll(ctx context.Context, owner string) (int64, error) {
 	if err := checkText("owner", owner, MaxResourceLen); err != nil {
 		return 0, opError(op, owner, err)
 	}
-	n, err := m.count(ctx, m.q.releaseAll, owner, m.channel)
+	var n int64
+	err := exec(ctx, m.pool, m.releaseTimeout, waitCtx|managerTables, func(b *pgx.Batch) {
+		b.Queue(m.q.releaseAllLock, owner)
+		b.Queue(m.q.releaseAll, owner, m.channel).QueryRow(func(row pgx.Row) error { return row.Scan(&n) })
+	})
 	if err != nil {
 		return 0, opError(op, owner, err)
 	}

@@ -19,10 +19,10 @@ import "strings"
 //     token) order, and Sweep skips locked rows, so they cannot deadlock
 //     with each other or with an acquisition.
 type managerSQL struct {
-	lockResource, acquire, renew, release, giveBack string
-	releaseAll, sweep, list, intents, upgrade       string
-	schema, upToDate                                string
-	upToDateArgs                                    []any
+	lockResource, acquire, renew, release, giveBack           string
+	releaseAllLock, releaseAll, sweep, list, intents, upgrade string
+	schema, upToDate                                          string
+	upToDateArgs                                              []any
 }
 
 // upgradedSuffix is appended to a lease id by TryUpgrade: an exclusive row
@@ -52,17 +52,18 @@ const ownRowSQL = `(CASE WHEN $5::pg_catalog.text IS NULL THEN (lease_id = $3 AN
 func newManagerSQL(r0 *strings.Replacer) managerSQL {
 	r := commentFree{r0}
 	return managerSQL{
-		lockResource: r.Replace(lockResourceSQL),
-		acquire:      r.Replace(acquireSQL),
-		renew:        r.Replace(renewSQL),
-		release:      r.Replace(releaseSQL),
-		giveBack:     r.Replace(giveBackSQL),
-		releaseAll:   r.Replace(releaseAllSQL),
-		sweep:        r.Replace(sweepSQL),
-		list:         r.Replace(listSQL),
-		intents:      r.Replace(intentsSQL),
-		upgrade:      r.Replace(upgradeSQL),
-		schema:       r.Replace(managerSchemaSQL),
+		lockResource:   r.Replace(lockResourceSQL),
+		acquire:        r.Replace(acquireSQL),
+		renew:          r.Replace(renewSQL),
+		release:        r.Replace(releaseSQL),
+		giveBack:       r.Replace(giveBackSQL),
+		releaseAllLock: r.Replace(releaseAllLockSQL),
+		releaseAll:     r.Replace(releaseAllSQL),
+		sweep:          r.Replace(sweepSQL),
+		list:           r.Replace(listSQL),
+		intents:        r.Replace(intentsSQL),
+		upgrade:        r.Replace(upgradeSQL),
+		schema:         r.Replace(managerSchemaSQL),
 	}
 }
 
@@ -220,15 +221,19 @@ cleared AS (
 SELECT pg_catalog.count(*) FROM (SELECT resource FROM gone UNION ALL SELECT resource FROM cleared) x,
 	LATERAL pg_catalog.pg_notify($4, pg_catalog.md5(pg_catalog.convert_to(x.resource, 'UTF8')))`
 
-	// Notifications with the same channel and payload in one transaction are
-	// delivered once, so notifying per row is cheap.
+	// ReleaseAll is two statements of one transaction: the first locks the
+	// owner's rows in (resource, token) order, as every statement that locks
+	// several rows does; the second, whose snapshot is taken after those
+	// locks, deletes them. One statement that deleted by the ctids its
+	// sub-select had locked missed a row whose renewal committed meanwhile:
+	// the lock follows the row to its new version, which the DELETE's older
+	// snapshot cannot see. Notifications with the same channel and payload
+	// in one transaction are delivered once, so notifying per row is cheap.
+	releaseAllLockSQL = `
+SELECT pg_catalog.count(*) FROM (SELECT 1 FROM {holders} WHERE owner = $1 ORDER BY resource, token FOR UPDATE) l`
 	releaseAllSQL = `
 WITH released AS (
-	DELETE FROM {holders}
-	WHERE ctid = ANY (ARRAY(
-		SELECT ctid FROM {holders} WHERE owner = $1
-		ORDER BY resource, token
-		FOR UPDATE))
+	DELETE FROM {holders} WHERE owner = $1
 	RETURNING resource
 )
 SELECT pg_catalog.count(*) FROM released, LATERAL pg_catalog.pg_notify($2, pg_catalog.md5(pg_catalog.convert_to(released.resource, 'UTF8')))`
