@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -102,10 +103,16 @@ type LockError struct {
 	Err error
 }
 
+// maxErrorKeys is how many of its keys a LockError's text names.
+const maxErrorKeys = 16
+
 // Error renders "advisory: <op> <key>: <cause>" for one key and
 // "advisory: <op> [<key> <key> ...]: <cause>" for several (a key's own
 // text may contain a comma, never a space); keys print as numbers and
-// namespace names, never as a hashed source string.
+// namespace names, never as a hashed source string. Of more than
+// maxErrorKeys keys the first maxErrorKeys print, then "+N more" (a call
+// of Config.MaxKeys raised to thousands would print every one in each log
+// line); Keys holds them all.
 func (e *LockError) Error() string {
 	var b strings.Builder
 	b.WriteString("advisory: ")
@@ -119,6 +126,10 @@ func (e *LockError) Error() string {
 	for i, k := range e.Keys {
 		if i > 0 {
 			b.WriteByte(' ')
+		}
+		if i == maxErrorKeys {
+			b.WriteString("+" + strconv.Itoa(len(e.Keys)-i) + " more")
+			break
 		}
 		b.WriteString(k.String())
 	}
