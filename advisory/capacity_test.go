@@ -122,3 +122,38 @@ func mustParse(t *testing.T, dsn string) *pgxpool.Config {
 	cfg.MaxConns = 1
 	return cfg
 }
+
+// The package doc: a statement on a holder connection that holds other
+// locks is bounded by HeartbeatTimeout plus 20 µs for each key beyond the
+// first 1,000. The undo of a 40,000-key TryLockAll that failed with 53200
+// unlocks every key of the call (each one not held costs the server a
+// WARNING); under a 100 ms bound alone it outlasted it, and the holder
+// connection was lost with the other lock on it (review 30h).
+func TestALargeFailedTryOnAHolderKeepsItsOtherLocks(t *testing.T) {
+	ctx := testCtx(t)
+	cluster := startTinyLockTableCluster(t)
+	cfg, err := pgxpool.ParseConfig(cluster.DSN())
+	require.NoError(t, err)
+	cfg.MaxConns = 2
+	pool := pgtest.NewPool(t, cfg)
+	const n = 40000
+	l := newLocker(t, pool, advisory.Config{MaxKeys: n, HeartbeatTimeout: 100 * time.Millisecond})
+	base := pgtest.UniqueInt64(t) &^ 0xffff
+	h, err := l.TryLock(ctx, keys.Int64(base^0xffff), nil) // the holder connection's other lock
+	require.NoError(t, err)
+	ks := make([]keys.Key, n)
+	for i := range ks {
+		ks[i] = keys.Int64(base ^ int64(i)) // distinct: i < 2^16 - 1
+	}
+	h2, err := l.TryLockAll(ctx, ks, nil)
+	if err == nil {
+		_ = h2.Unlock(ctx)
+	}
+	require.ErrorIs(t, err, advisory.ErrTooManyLocks)
+	select {
+	case <-h.Done():
+		t.Fatalf("the other lock was lost: %v", h.Err())
+	default:
+	}
+	require.NoError(t, h.Unlock(ctx))
+}

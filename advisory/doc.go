@@ -177,7 +177,9 @@
 //     held locks) never waits for a lock.
 //   - A statement on a holder connection that holds other locks is bounded
 //     by Config.CleanupTimeout (HeartbeatTimeout when heartbeats run and it
-//     is shorter), not by the call's own bound: cutting it short at a
+//     is shorter), plus 20 µs for each key of the call beyond the first
+//     1,000 (Config.MaxKeys raised: the server's own time for them), not by
+//     the call's own bound: cutting it short at a
 //     caller's bound would lose the other locks held there. On a connection
 //     opened for the call, which holds nothing else, it is bounded as a Try
 //     call's statement is (Config.LockTimeout, else DefaultTryConnWait, if
