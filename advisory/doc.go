@@ -337,7 +337,9 @@
 //     lock goes with it, and the call fails with COMMIT's error
 //     (pooltx.ErrNotCommitted, the 25P03 kept: PostgreSQL checks for that
 //     timeout after reading COMMIT and before running it, so nothing was
-//     committed). A WithLock callback that
+//     committed); one that then runs a statement, or its own COMMIT, and
+//     ignores its error has found the connection closed:
+//     pooltx.ErrCommitUnknown, without the 25P03. A WithLock callback that
 //     idles inside its own BEGIN gets [ErrLockLost] and [ErrCallbackInTx]
 //     (the 25P03 kept); one that then runs a statement and ignores its
 //     error has found the connection closed, and gets [ErrLockLost] alone.
@@ -384,7 +386,8 @@
 // the pool's refused on a connection still open (a tracer's cancelled
 // context, a codec that cannot scan the result) after a callback that ran
 // under the lock: that *LockError wraps a pooltx.CleanupError, and the
-// connection was destroyed, which released the lock. A callback's own
+// connection was destroyed, which releases the lock as its backend exits
+// (within milliseconds: see pooltx, "Destroying lets go at once"). A callback's own
 // error is returned unchanged. Only a wait for
 // a lock is a lock timeout: a call that could not get a connection in time
 // (pool or Config.MaxConns exhausted, a server that cannot be reached or

@@ -95,3 +95,23 @@ func TestCallbackInTxAfterCommitAndChainKeepsWhatWasCommitted(t *testing.T) {
 	require.ErrorIs(t, err, advisory.ErrCallbackInTx)
 	assert.Equal(t, 1, rowsIn(ctx, t, table), "the row before the chain is kept, the one after rolled back")
 }
+
+// WithXactLock's doc: a COMMIT AND CHAIN in a transaction a statement of
+// which failed rolls back, as COMMIT does, without an error: nothing is
+// committed, and the call returns fn's nil.
+func TestXactCallbackCommitAndChainInAFailedTransactionRollsBack(t *testing.T) {
+	ctx := testCtx(t)
+	table := ownTable(ctx, t)
+	l := newLocker(t, onePool(t, nil), advisory.Config{})
+	err := l.WithXactLock(ctx, key(t), nil, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "INSERT INTO "+table+" VALUES (1)")
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "SELECT 1/0")
+		require.Error(t, err) // and swallowed
+		_, err = tx.Exec(ctx, "COMMIT AND CHAIN")
+		require.NoError(t, err)
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Zero(t, rowsIn(ctx, t, table))
+}

@@ -520,3 +520,21 @@ func TestIdleInTransactionTimeoutThenAnIgnoredStatement(t *testing.T) {
 	assert.NotErrorIs(t, err, advisory.ErrCallbackInTx)
 	assert.True(t, newProbe(t).free(ctx, k, false))
 }
+
+// The package doc's idle_in_transaction_session_timeout entry: a
+// WithXactLock callback that idles past it and then runs a statement whose
+// error it ignores has found the connection closed: ErrCommitUnknown.
+func TestIdleInTransactionTimeoutThenAnIgnoredStatementInAnXactCallback(t *testing.T) {
+	ctx := testCtx(t)
+	pool := rolePool(t, map[string]string{"idle_in_transaction_session_timeout": "300ms"})
+	l := newLocker(t, pool, advisory.Config{})
+	k := key(t)
+	err := l.WithXactLock(ctx, k, nil, func(ctx context.Context, tx pgx.Tx) error {
+		awaitGone(ctx, t, tx.Conn().PgConn().PID())
+		_, err := tx.Exec(ctx, "SELECT 1")
+		require.Error(t, err) // and ignored
+		return nil
+	})
+	require.ErrorIs(t, err, pooltx.ErrCommitUnknown)
+	assert.True(t, newProbe(t).free(ctx, k, false))
+}

@@ -37,12 +37,16 @@ import (
 // fn may commit or roll back the transaction itself: that is accepted, its
 // outcome stands, and the lock ends with it (whatever fn runs afterwards
 // runs unlocked and outside the transaction). A COMMIT or PREPARE
-// TRANSACTION of fn's own that fails rolls the transaction back: that too
-// is fn's outcome, and the call returns fn's nil. A COMMIT AND CHAIN
-// commits what came before it, ends the lock, and opens a new transaction
-// that the call then commits: COMMIT's outcome, and the error that
-// reports it (pooltx.ErrNotCommitted included), is that new transaction's
-// only; what fn had committed stays committed. A transaction fn prepares
+// TRANSACTION of fn's own that the server refuses, or a COMMIT in a
+// transaction a statement of which failed (PostgreSQL then rolls back
+// without an error), rolls the transaction back: that too is fn's outcome,
+// and the call returns fn's nil (where the connection was lost under fn
+// instead, the error matches pooltx.ErrCommitUnknown). A COMMIT AND CHAIN
+// (in a transaction that has not failed: else it rolls back, as COMMIT
+// does) commits what came before it, ends the lock, and opens a new
+// transaction that the call then commits: COMMIT's outcome, and the error
+// that reports it (pooltx.ErrNotCommitted included), is that new
+// transaction's only; what fn had committed stays committed. A transaction fn prepares
 // (PREPARE TRANSACTION) has ended too, as far as the session goes, and the
 // call returns fn's nil; but a prepared transaction keeps its locks, the
 // call's key included, until COMMIT PREPARED or ROLLBACK PREPARED.

@@ -67,8 +67,11 @@ type TxOptions struct {
 // that is accepted, what fn did is the outcome, and WithTx returns fn's nil
 // after resetting the session; what fn ran after that ran outside any
 // transaction. The errors of fn's own Commit are fn's to return: a COMMIT
-// or PREPARE TRANSACTION of fn's own that fails has rolled back, and WithTx
-// still returns fn's nil. A COMMIT AND CHAIN commits what came before it
+// or PREPARE TRANSACTION of fn's own that the server refused, or a COMMIT
+// in a failed transaction (which rolls back without an error), has rolled
+// back, and WithTx still returns fn's nil (where the connection was lost
+// under fn instead, the error matches [ErrCommitUnknown]). A COMMIT AND
+// CHAIN in a transaction that has not failed commits what came before it
 // and opens a new transaction, which WithTx commits as its own: the
 // outcome reported below is that new transaction's only.
 //
