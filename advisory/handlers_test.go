@@ -181,10 +181,7 @@ func TestABlockingNotificationHandlerHoldsTheWatcher(t *testing.T) {
 func TestABlockingNoticeHandlerHoldsTheUnlock(t *testing.T) {
 	ctx := testCtx(t)
 	bh := newBlockingHandler()
-	cfg := pgtest.Config(t)
-	cfg.ConnConfig.RuntimeParams["client_min_messages"] = "debug5" // a notice in every answer
-	cfg.ConnConfig.OnNotice = func(*pgconn.PgConn, *pgconn.Notice) { bh.handle() }
-	pool := pgtest.NewPool(t, cfg)
+	pool := pgtest.NewPool(t, pgtest.NoisyConfig(t, bh.handle)) // a notice in every answer
 	const bound = 50 * time.Millisecond
 	l := newLocker(t, pool, advisory.Config{CleanupTimeout: bound, DisableMultiplexing: true, HeartbeatInterval: -1})
 	k := key(t)

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -25,20 +24,14 @@ import (
 // released.
 func TestAPanicInARenewalReachesTheCaller(t *testing.T) {
 	ctx := testCtx(t)
-	var armed atomic.Bool
-	cfg := pgtest.Config(t)
-	cfg.ConnConfig.RuntimeParams["client_min_messages"] = "debug5" // a notice in every answer
-	cfg.ConnConfig.OnNotice = func(*pgconn.PgConn, *pgconn.Notice) {
-		if armed.CompareAndSwap(true, false) {
-			panic("notice handler")
-		}
-	}
+	trap := pgtest.NewTrap("notice handler")
+	cfg := pgtest.NoisyConfig(t, trap.Spring) // a notice in every answer
 	pool := pgtest.NewPool(t, cfg)
 	m := newManager(t, pool, pgtest.Schema(t, pool), lease.ManagerConfig{TTL: 30 * time.Second})
 	var cause error
 	require.PanicsWithValue(t, "notice handler", func() {
 		_ = m.Do(ctx, "r", &lease.DoOptions{RenewEvery: 50 * time.Millisecond}, func(fctx context.Context, _ *lease.Lease) error {
-			armed.Store(true) // the next notice is a renewal's
+			trap.Arm() // the next notice is a renewal's
 			<-fctx.Done()
 			cause = context.Cause(fctx)
 			return nil
@@ -99,20 +92,14 @@ func TestAGoexitInARenewalIsALoss(t *testing.T) {
 func TestARenewalsPanicErrorIsInTheCause(t *testing.T) {
 	ctx := testCtx(t)
 	boom := errors.New("boom")
-	var armed atomic.Bool
-	cfg := pgtest.Config(t)
-	cfg.ConnConfig.RuntimeParams["client_min_messages"] = "debug5"
-	cfg.ConnConfig.OnNotice = func(*pgconn.PgConn, *pgconn.Notice) {
-		if armed.CompareAndSwap(true, false) {
-			panic(boom)
-		}
-	}
+	trap := pgtest.NewTrap(boom)
+	cfg := pgtest.NoisyConfig(t, trap.Spring) // a notice in every answer
 	pool := pgtest.NewPool(t, cfg)
 	m := newManager(t, pool, pgtest.Schema(t, pool), lease.ManagerConfig{TTL: 30 * time.Second})
 	var cause error
 	require.PanicsWithValue(t, boom, func() {
 		_ = m.Do(ctx, "r", &lease.DoOptions{RenewEvery: 50 * time.Millisecond}, func(fctx context.Context, _ *lease.Lease) error {
-			armed.Store(true)
+			trap.Arm()
 			<-fctx.Done()
 			cause = context.Cause(fctx)
 			return nil

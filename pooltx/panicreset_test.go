@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -23,15 +22,9 @@ import (
 // slot, the next Acquire waited forever and pool.Close hung).
 func TestAPanicInReleasesResetDestroysTheConnection(t *testing.T) {
 	ctx := testCtx(t)
-	var armed atomic.Bool
-	cfg := pgtest.Config(t)
+	trap := pgtest.NewTrap("notice handler")
+	cfg := pgtest.NoisyConfig(t, trap.Spring) // a notice in every answer
 	cfg.MaxConns = 1
-	cfg.ConnConfig.RuntimeParams["client_min_messages"] = "debug5" // a notice in every answer
-	cfg.ConnConfig.OnNotice = func(*pgconn.PgConn, *pgconn.Notice) {
-		if armed.CompareAndSwap(true, false) {
-			panic("notice handler")
-		}
-	}
 	pool := pgtest.NewPool(t, cfg)
 	const key = 28031
 	var pid uint32
@@ -41,7 +34,7 @@ func TestAPanicInReleasesResetDestroysTheConnection(t *testing.T) {
 			pid = conn.PgConn().PID()
 			_, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(key))
 			require.NoError(t, err)
-			armed.Store(true) // the next notice is the reset's
+			trap.Arm() // the next notice is the reset's
 			return nil
 		})
 	})
@@ -57,22 +50,16 @@ func TestAPanicInReleasesResetDestroysTheConnection(t *testing.T) {
 // back before it goes on up (review 29e: the slot stayed taken for good).
 func TestAPanicInAcquiresIdentityReadDestroysTheConnection(t *testing.T) {
 	ctx := testCtx(t)
-	var armed atomic.Bool
-	cfg := pgtest.Config(t)
+	trap := pgtest.NewTrap("notice handler")
+	cfg := pgtest.NoisyConfig(t, trap.Spring) // a notice in every answer
 	cfg.MaxConns = 1
-	cfg.ConnConfig.RuntimeParams["client_min_messages"] = "debug5"
-	cfg.ConnConfig.OnNotice = func(*pgconn.PgConn, *pgconn.Notice) {
-		if armed.CompareAndSwap(true, false) {
-			panic("notice handler")
-		}
-	}
 	pool := pgtest.NewPool(t, cfg)
 	// Open the connection through pgxpool alone: pooltx has not pinned it.
 	pc, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	pid := pc.Conn().PgConn().PID()
 	pc.Release()
-	armed.Store(true) // the next notice is the identity read's
+	trap.Arm() // the next notice is the identity read's
 	require.PanicsWithValue(t, "notice handler", func() { _, _ = pooltx.Acquire(ctx, pool, nil) })
 	assert.Zero(t, pool.Stat().AcquiredConns(), "the slot came back")
 	c, err := pooltx.Acquire(ctx, pool, nil)
@@ -86,19 +73,13 @@ func TestAPanicInAcquiresIdentityReadDestroysTheConnection(t *testing.T) {
 // destroys it.
 func TestAPanicInLendsIdentityReadDestroysTheConnection(t *testing.T) {
 	ctx := testCtx(t)
-	var armed atomic.Bool
-	cfg := pgtest.Config(t)
+	trap := pgtest.NewTrap("notice handler")
+	cfg := pgtest.NoisyConfig(t, trap.Spring) // a notice in every answer
 	cfg.MaxConns = 1
-	cfg.ConnConfig.RuntimeParams["client_min_messages"] = "debug5"
-	cfg.ConnConfig.OnNotice = func(*pgconn.PgConn, *pgconn.Notice) {
-		if armed.CompareAndSwap(true, false) {
-			panic("notice handler")
-		}
-	}
 	pool := pgtest.NewPool(t, cfg)
 	c, err := pooltx.Acquire(ctx, pool, &pooltx.ConnOptions{DeferIdentity: true})
 	require.NoError(t, err)
-	armed.Store(true)
+	trap.Arm()
 	require.PanicsWithValue(t, "notice handler", func() { c.Lend(ctx) })
 	require.Error(t, c.Dirty())
 	assert.True(t, c.Release(), "destroyed")
