@@ -51,6 +51,17 @@ type stdio struct {
 	// hide returns the secrets of the invocation's connection settings
 	// (see secretsOf), which s.msgf scrubs from every message; nil: none.
 	hide func() []string
+	// child is the stderr a command run by pgxlock gets, where Err is a
+	// queue of pgxlock's own messages (notes); nil: Err.
+	child io.Writer
+}
+
+// childErr is the stderr a command run by pgxlock gets.
+func (s stdio) childErr() io.Writer {
+	if s.child != nil {
+		return s.child
+	}
+	return s.Err
 }
 
 // env is the environment of one invocation, as os.Environ returns it.

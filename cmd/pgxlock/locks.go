@@ -104,6 +104,15 @@ func watchLocks(ctx context.Context, s stdio, e env, o locksOptions) int {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	clear := isTerminal(s.Out) && !o.json
+	// Each frame is drawn into frame, then handed to out, which writes it on
+	// a goroutine of its own: a stdout nobody reads holds back neither the
+	// next tick nor the exit a signal asks for (frames that do not fit its
+	// queue are dropped).
+	out, errs := newNotes(s.Out), newNotes(s.Err)
+	defer out.close()
+	defer errs.close()
+	s.Err = errs
+	var frame bytes.Buffer
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
@@ -127,25 +136,29 @@ func watchLocks(ctx context.Context, s stdio, e env, o locksOptions) int {
 		if ctx.Err() != nil {
 			return exitOK
 		}
+		frame.Reset()
 		if clear {
-			fmt.Fprint(s.Out, "\x1b[H\x1b[2J")
+			frame.WriteString("\x1b[H\x1b[2J")
 		}
 		switch {
 		case err != nil && o.json:
 			s.msgf(s.Err, "pgxlock locks: %s: %v\n", time.Now().Format(time.RFC3339), err)
 		case err != nil:
-			s.msgf(s.Out, "%s  error: %v (retrying every %s)\n\n", time.Now().Format(time.RFC3339), err, o.interval)
+			s.msgf(&frame, "%s  error: %v (retrying every %s)\n\n", time.Now().Format(time.RFC3339), err, o.interval)
 		default:
 			if !o.json {
-				s.msgf(s.Out, "%s  database %s  every %s (Ctrl-C to stop)\n", snap.At.Format(time.RFC3339), snap.Database, o.interval)
+				s.msgf(&frame, "%s  database %s  every %s (Ctrl-C to stop)\n", snap.At.Format(time.RFC3339), snap.Database, o.interval)
 			}
-			if werr := writeSnapshot(s.Out, snap, o); werr != nil {
+			if werr := writeSnapshot(&frame, snap, o); werr != nil {
 				s.msgf(s.Err, "pgxlock locks: %v\n", werr)
 				return exitError
 			}
 			if !o.json && !clear {
-				fmt.Fprintln(s.Out)
+				frame.WriteByte('\n')
 			}
+		}
+		if frame.Len() > 0 {
+			_, _ = out.Write(frame.Bytes())
 		}
 		select {
 		case <-ctx.Done():

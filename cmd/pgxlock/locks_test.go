@@ -232,3 +232,42 @@ func TestLocksWatchStopsOnSIGINT(t *testing.T) {
 	p.signal(syscall.SIGINT)
 	assert.Equal(t, 0, p.wait(), p.stderr.String())
 }
+
+// blockedWriter is a stream nobody reads: every Write blocks until the test
+// ends; entered is closed at the first.
+type blockedWriter struct {
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (w *blockedWriter) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.entered) })
+	<-w.release
+	return len(p), nil
+}
+
+// --watch ends on a signal (here its context) with status 0 also when
+// nobody reads its stdout (review 31j: the blocked write held the loop, and
+// SIGINT and SIGTERM were ignored).
+func TestLocksWatchStopsWithAStuckStdout(t *testing.T) {
+	key := keys.Int64(pgtest.UniqueInt64(t))
+	env := []string{"DATABASE_URL=" + pgtest.DSN(t)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stuck := &blockedWriter{entered: make(chan struct{}), release: make(chan struct{})}
+	defer close(stuck.release)
+	var errOut syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"locks", "--watch", "--interval", "20ms", "--key", key.String()}, nil, stuck, &errOut, env)
+	}()
+	<-stuck.entered // the first frame is being written, and blocks
+	cancel()
+	select {
+	case code := <-done:
+		assert.Equal(t, 0, code, errOut.String())
+	case <-time.After(waitTimeout):
+		t.Fatal("locks --watch did not stop")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -71,6 +72,13 @@ const procTimeout = 60 * time.Second
 // A process still running at the end of the test is killed.
 func startCLI(t *testing.T, stdin string, extraEnv []string, args ...string) *proc {
 	t.Helper()
+	return startCLIOn(t, stdin, nil, extraEnv, args...)
+}
+
+// startCLIOn is startCLI with stderr going to the given stream (nil: a
+// buffer the test reads, p.stderr).
+func startCLIOn(t *testing.T, stdin string, stderr io.Writer, extraEnv []string, args ...string) *proc {
+	t.Helper()
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	cmd := exec.Command(exe, args...)
@@ -91,6 +99,9 @@ func startCLI(t *testing.T, stdin string, extraEnv []string, args ...string) *pr
 	p := &proc{t: t, cmd: cmd, stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdin = strings.NewReader(stdin)
 	cmd.Stdout, cmd.Stderr = p.stdout, p.stderr
+	if stderr != nil {
+		cmd.Stderr = stderr
+	}
 	require.NoError(t, cmd.Start())
 	go func() {
 		defer close(p.done)

@@ -58,6 +58,17 @@ func cmdRun(ctx context.Context, args []string, s stdio, e env) int {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
+	// pgxlock's own messages go through notes: a stderr nobody reads must
+	// hold back neither the signals nor what a lost lock calls for. The
+	// command gets the stream itself. A broken pipe there fails the write
+	// (EPIPE) rather than killing pgxlock: the status is the command's
+	// (SIGPIPE is caught, not ignored, so the command gets its default).
+	pipes := make(chan os.Signal, 1)
+	signal.Notify(pipes, syscall.SIGPIPE)
+	defer signal.Stop(pipes)
+	msgs := newNotes(s.Err)
+	defer msgs.close()
+	s.child, s.Err = s.Err, msgs
 
 	cfg, err := connConfig(e)
 	if err != nil {
@@ -302,7 +313,7 @@ func holders(ctx context.Context, pool *pgxpool.Pool, key keys.Key) string {
 func supervise(h *advisory.Lock, path string, o runOptions, sigs <-chan os.Signal, s stdio, e env) (int, bool) {
 	cmd := exec.Command(path, o.argv[1:]...)
 	cmd.Args[0] = o.argv[0]
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = s.In, s.Out, s.Err
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = s.In, s.Out, s.childErr()
 	cmd.Env = e
 	cmd.SysProcAttr = sysProcAttr(o.foreground)
 	// When Stdin/Stdout/Stderr are not files (tests), exec copies them through

@@ -341,3 +341,58 @@ func TestRunHeartbeatNoticesFrozenBackend(t *testing.T) {
 	assert.Equal(t, "TERM\n", readFile(t, out))
 	assert.Contains(t, p.stderr.String(), "lost")
 }
+
+// stuckPipe returns the write end of a pipe whose buffer is full and which
+// nobody reads until the test ends: a write to it blocks.
+func stuckPipe(t *testing.T) *os.File {
+	t.Helper()
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.Close(); _ = r.Close() })
+	fd := int(w.Fd())
+	require.NoError(t, syscall.SetNonblock(fd, true))
+	chunk := make([]byte, 4096)
+	for {
+		if _, err := syscall.Write(fd, chunk); err != nil {
+			require.ErrorIs(t, err, syscall.EAGAIN)
+			break
+		}
+	}
+	require.NoError(t, syscall.SetNonblock(fd, false))
+	return w
+}
+
+// With a stderr nobody reads (review 31j), a lost lock still sends the
+// command SIGTERM and pgxlock still exits 70: its own messages go through a
+// queue that a stuck stream cannot hold back (the "lost" message blocked
+// the loop that sends the signal, and the command ran on without the lock).
+func TestRunLockLostWithAStuckStderr(t *testing.T) {
+	pool := pgtest.Pool(t)
+	key := keys.Int64(pgtest.UniqueInt64(t))
+	dir := t.TempDir()
+	out, ready := filepath.Join(dir, "out"), filepath.Join(dir, "ready")
+	// The command's own stderr is elsewhere: sh reports its sleep's SIGTERM
+	// there ("Terminated"), and would block on the stuck pipe itself.
+	script := "exec 2>/dev/null\n" + strings.ReplaceAll(trapScript, "exit 42", "exit 0")
+	p := startCLIOn(t, "", stuckPipe(t), []string{"OUT=" + out, "READY=" + ready}, "run", "-v", "--key", key.String(), "--", "sh", "-c", script)
+	waitFor(t, waitTimeout, "the command to be ready", func() bool { return fileExists(ready) })
+	pid := waitCLI(t, pool, key, true)
+	var ok bool
+	require.NoError(t, pool.QueryRow(ctxT(t), "SELECT pg_terminate_backend($1)", pid).Scan(&ok))
+	require.True(t, ok)
+	waitFor(t, waitTimeout, "the command to get SIGTERM", func() bool { return fileExists(out) })
+	assert.Equal(t, "TERM\n", readFile(t, out))
+	assert.Equal(t, exitLockLost, p.wait())
+}
+
+// A stderr whose reader has gone (`2>&1 | head -1`) does not change run's
+// status (review 31j: SIGPIPE ended pgxlock with 141): the command's 0.
+func TestRunWithAClosedStderrKeepsTheCommandsStatus(t *testing.T) {
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	t.Cleanup(func() { _ = w.Close() })
+	key := keys.Int64(pgtest.UniqueInt64(t))
+	p := startCLIOn(t, "", w, nil, "run", "-v", "--key", key.String(), "--", "true")
+	assert.Equal(t, 0, p.wait())
+}
