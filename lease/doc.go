@@ -376,7 +376,9 @@
 // [Fence] row on the new primary, or any store that has accepted a token from
 // the new primary, therefore rejects every write of the old holders once a
 // new holder has written. With synchronous replication (the standby named in
-// synchronous_standby_names; the tests use synchronous_commit = remote_apply)
+// synchronous_standby_names; the tests use synchronous_commit = remote_apply),
+// for sessions whose synchronous_commit waits for it (not off, which the
+// frame raises to local only, nor local: see "Durability"),
 // nothing acknowledged is lost besides: every lease whose acquisition
 // returned before the failover is still there on the new primary (it renews,
 // and still excludes others), and tokens jump to the new floor rather than

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -90,4 +91,34 @@ func TestATableLockOnTheLeaseTablesAndTheFirstUseOfAStatement(t *testing.T) {
 	_, err = m.TryAcquire(ctx, "r", nil)
 	require.ErrorIs(t, err, lease.ErrNotAcquired)
 	require.NoError(t, tx.Rollback(ctx))
+}
+
+// Acquire's doc: an attempt whose connection failed ends the wait with the
+// connection's error (not ErrNotAcquired): here a restart of the server
+// while the wait goes on.
+func TestAcquireWaitEndsWhenTheServerRestarts(t *testing.T) {
+	ctx := testCtx(t)
+	cluster := pgtest.Cluster(t)
+	pcfg, err := pgxpool.ParseConfig(cluster.DSN())
+	require.NoError(t, err)
+	pool := pgtest.NewPool(t, pcfg)
+	m := newManager(t, pool, pgtest.Schema(t, pool), lease.ManagerConfig{TTL: time.Minute})
+	_, err = m.TryAcquire(ctx, "r", nil) // held until its TTL
+	require.NoError(t, err)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { _, err := m.Acquire(wctx, "r", nil); errc <- err }()
+	require.Eventually(t, func() bool { // the waiter's LISTEN connection is up
+		var n int
+		_ = pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'ClientRead' AND query LIKE 'LISTEN%'").Scan(&n)
+		return n > 0
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, cluster.Restart(ctx))
+	err = <-errc
+	require.Error(t, err)
+	var le *lease.Error
+	require.ErrorAs(t, err, &le)
+	assert.NotErrorIs(t, err, lease.ErrNotAcquired, "the wait ended before its context: %v", err)
+	assert.NoError(t, wctx.Err())
 }

@@ -38,7 +38,9 @@ import (
 // whose outcome is unknown, closing the LISTEN connection if it was the last
 // waiter) runs concurrently under fresh contexts, each bounded by
 // ReleaseTimeout: Acquire returns within ctx's deadline plus one
-// ReleaseTimeout. Other errors (ErrInvalid, a database error) end the wait.
+// ReleaseTimeout. Other errors (ErrInvalid, a database error, an attempt
+// whose connection failed: a server restart or a failover ends the wait with
+// the connection's error, wrapped in an *Error) end the wait.
 func (m *Manager) Acquire(ctx context.Context, resource string, opts *AcquireOptions) (*Lease, error) {
 	req, err := m.newRequest("acquire", resource, opts)
 	if err != nil {
