@@ -176,6 +176,9 @@ func TestUsage(t *testing.T) {
 		{[]string{"run", "--key", "1"}, exitUsage, "", "no command"},
 		{[]string{"run", "--key", "1", "--try", "--wait", "1s", "--", "true"}, exitUsage, "", "exclude each other"},
 		{[]string{"run", "--key", "1", "--wait", "-1s", "--", "true"}, exitUsage, "", "--wait"},
+		// Review 31j: 0s passed as "positive", meaning "wait forever", and with --try.
+		{[]string{"run", "--key", "1", "--wait", "0s", "--", "true"}, exitUsage, "", "--wait must be positive"},
+		{[]string{"run", "--key", "1", "--try", "--wait", "0s", "--", "true"}, exitUsage, "", "exclude each other"},
 		{[]string{"run", "--key", "99999999999999999999", "--", "true"}, exitUsage, "", "bad key"},
 		{[]string{"run", "--bogus", "--key", "1", "--", "true"}, exitUsage, "", "flag provided but not defined"},
 		{[]string{"run", "--key", "1", "--", "/nonexistent/pgxlock-test"}, exitNotFound, "", "no such file"},

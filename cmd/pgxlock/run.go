@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -153,14 +154,16 @@ func parseRunFlags(args []string, s stdio, e env) (runOptions, int, bool) {
 		return o, code, false
 	}
 	o.argv = fs.Args()
+	waitGiven := false
+	fs.Visit(func(f *flag.Flag) { waitGiven = waitGiven || f.Name == "wait" })
 	switch {
 	case keyArg == "":
 		return o, usageError(s, "run", "--key is required"), false
 	case len(o.argv) == 0:
 		return o, usageError(s, "run", "no command given (pgxlock run --key K -- COMMAND [ARGS...])"), false
-	case o.try && o.wait != 0:
+	case o.try && waitGiven:
 		return o, usageError(s, "run", "--try and --wait exclude each other"), false
-	case o.wait < 0:
+	case o.wait < 0 || waitGiven && o.wait == 0:
 		return o, usageError(s, "run", "--wait must be positive (use --try not to wait)"), false
 	case o.heartbeat < 0:
 		return o, usageError(s, "run", "--heartbeat must not be negative"), false
