@@ -40,9 +40,11 @@
 // database/sql's Conn.Raw, and needs the pgx stdlib driver
 // (github.com/jackc/pgx/v5/stdlib: sql.Open("pgx", ...), stdlib.OpenDB or
 // stdlib.OpenDBFromPool). Its unlock checks PostgreSQL's answer: a false
-// unlock (the lock was lost) is an error matching advisory.ErrNotHeld. A
-// connection that may still hold the lock after an error is closed, so
-// database/sql never pools it.
+// unlock (the lock was lost) is an error matching advisory.ErrNotHeld. The
+// connection is closed after the unlock, and after a wait that failed in
+// doubt, so database/sql never pools it: goose ran the migrations on it,
+// and a NO TRANSACTION migration may have left a session lock (the goose
+// key taken again), a role or a setting there.
 //
 // [Locker] (goose.WithLocker) takes the lock as an advisory.Lock handle
 // on a pgx pool of its own and reports a lock lost during the migrations

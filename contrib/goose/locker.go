@@ -164,8 +164,11 @@ func (l *SessionLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
 // ctx contributes only its values: the unlock runs under a fresh context
 // bounded by Config.CleanupTimeout. It returns nil, or an *advisory.LockError
 // matching advisory.ErrNotHeld when PostgreSQL says the session did not
-// hold the lock (it was lost, or unlocked twice); then, and after any
-// failed unlock, the connection is closed so that database/sql discards it.
+// hold the lock (it was lost, or unlocked twice). Either way, the
+// connection is then closed so that database/sql discards it: goose ran
+// the migrations on it, and a NO TRANSACTION migration may have left a
+// session lock (the goose key taken again, which the one unlock only
+// counts down), a role or a setting on it.
 func (l *SessionLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cleanup)
 	defer cancel()
@@ -186,6 +189,7 @@ func (l *SessionLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error
 			l.destroy(ctx, c)
 			return advisory.ErrNotHeld
 		}
+		l.destroy(ctx, c) // whatever the migrations left on it goes with it
 		return nil
 	})
 }

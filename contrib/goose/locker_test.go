@@ -279,3 +279,34 @@ func TestUnlockNotHeldIsErrorAndDestroys(t *testing.T) {
 	require.True(t, errors.As(err, &le))
 	rawConn(t, c, func(c *pgx.Conn) { require.True(t, c.IsClosed()) })
 }
+
+// SessionUnlock's doc: the connection is closed after the unlock, also
+// when it succeeds, so that what a NO TRANSACTION migration left on it (the
+// goose key taken again, another session lock, a role) never reaches
+// database/sql's pool (review 31k: the stacked key stayed held by a pooled
+// connection, and every later Up timed out).
+func TestUnlockClosesTheConnectionWhateverTheMigrationsLeft(t *testing.T) {
+	ctx := testCtx(t)
+	db, _ := openDB(t, 1)
+	k := pgtest.UniqueInt64(t)
+	other := pgtest.UniqueInt64(t)
+	l, err := pgxlockgoose.NewSessionLocker(pgxlockgoose.Config{Key: keys.Int64(k)})
+	require.NoError(t, err)
+	c, err := db.Conn(ctx)
+	require.NoError(t, err)
+	require.NoError(t, l.SessionLock(ctx, c))
+	// What a NO TRANSACTION migration may do on goose's connection.
+	_, err = c.ExecContext(ctx, "SELECT pg_advisory_lock($1), pg_advisory_lock($2)", k, other)
+	require.NoError(t, err)
+	require.NoError(t, l.SessionUnlock(ctx, c))
+	rawConn(t, c, func(c *pgx.Conn) { require.True(t, c.IsClosed()) })
+	require.NoError(t, c.Close())
+	check := pgtest.Pool(t)
+	for _, key := range []int64{k, other} {
+		poll(t, "the key to be free", func() bool {
+			var free bool
+			require.NoError(t, check.QueryRow(ctx, "SELECT pg_try_advisory_lock($1) AND pg_advisory_unlock($1)", key).Scan(&free))
+			return free
+		})
+	}
+}

@@ -33,6 +33,10 @@ func TestSessionLockLongTimeoutIsCut(t *testing.T) {
 	require.NoError(t, err)
 	far, cancelFar := context.WithTimeout(context.Background(), 40*24*time.Hour)
 	defer cancelFar()
-	require.NoError(t, unbounded.SessionLock(far, conn))
-	require.NoError(t, unbounded.SessionUnlock(ctx, conn))
+	require.NoError(t, conn.Close()) // the unlock closed its connection (SessionUnlock): take another
+	conn2, err := db.Conn(ctx)
+	require.NoError(t, err)
+	defer conn2.Close()
+	require.NoError(t, unbounded.SessionLock(far, conn2))
+	require.NoError(t, unbounded.SessionUnlock(ctx, conn2))
 }
