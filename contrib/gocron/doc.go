@@ -30,6 +30,14 @@
 // (gocron.WithStartAt) and keep the job longer than the splay, or use the
 // Elector, whose leader alone runs every tick.
 //
+// It excludes them while its session lives: when the holder's connection
+// dies mid-run (its backend terminated, a failover), PostgreSQL frees the
+// key at once and another scheduler may start the job while the first run
+// goes on. gocron cannot tell that run (it ignores the error of Unlock,
+// which then matches advisory.ErrLockLost). A job whose runs must never
+// overlap, even then, fences its writes (package lease's tokens) or holds
+// a lease.Manager.Do lease, whose context is cancelled on a loss.
+//
 // # Elector: one leader
 //
 // [Elector.IsLeader] returns nil while this scheduler holds the election's
