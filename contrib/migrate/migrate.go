@@ -154,7 +154,10 @@ var _ database.Driver = (*Driver)(nil)
 
 // Wrap returns a Driver that takes its lock through pool and runs
 // everything else on inner. ctx is used to read the database and schema
-// names for the default key and governs every later wait in Lock: when it
+// names for the default key (a read that waits for a free connection of
+// pool as long as ctx allows: on a pool whose only connection the inner
+// driver keeps, pass DatabaseName and SchemaName, or give pool another
+// connection) and governs every later wait in Lock: when it
 // is cancelled, a waiting Lock returns at once with nothing held, and
 // later Locks fail. It returns an error matching advisory.ErrInvalid for a
 // nil inner or pool, or a negative LockTimeout.

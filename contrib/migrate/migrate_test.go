@@ -386,3 +386,25 @@ func TestTooShortMigrateTimerIsRefused(t *testing.T) {
 	}
 	assert.Empty(t, f.counts(t))
 }
+
+// Wrap's doc: the default key's read of the database and schema names
+// waits for a free connection of pool as long as ctx allows (review 31k:
+// on a pool whose only connection was taken, with a context without a
+// deadline, it never returned); with the names given, nothing is read.
+func TestWrapReadsTheNamesWithinCtx(t *testing.T) {
+	ctx := testCtx(t)
+	cfg := pgtest.Config(t)
+	cfg.MaxConns = 1
+	pool := pgtest.NewPool(t, cfg)
+	f := newFixture(t, 1, 0)
+	r := f.replica(t, ctx, true, pgxlockmigrate.Config{})
+	held, err := pool.Acquire(ctx) // what the inner driver would keep
+	require.NoError(t, err)
+	defer held.Release()
+	bounded, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	_, err = pgxlockmigrate.Wrap(bounded, r.inner, pool, pgxlockmigrate.Config{})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	_, err = pgxlockmigrate.Wrap(bounded, r.inner, pool, pgxlockmigrate.Config{DatabaseName: "db", SchemaName: "public"})
+	require.NoError(t, err)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"time"
 
@@ -97,7 +98,9 @@ type Config struct {
 // metrics. It implements advisory.AcquireTracer, advisory.ReleaseTracer,
 // advisory.LostTracer and lease.RenewTracer, and is safe for concurrent
 // use. Install it as advisory.Config.Tracer (with advisory.MultiTracer
-// next to another tracer) and as the lease configs' Tracer.
+// next to another tracer; list each Tracer once: two entries of one Tracer
+// share its per-call state, and one of them never ends its spans) and as
+// the lease configs' Tracer.
 type Tracer struct {
 	tracer trace.Tracer
 
@@ -110,6 +113,17 @@ type Tracer struct {
 	renewals     metric.Int64Counter
 }
 
+// isNilPointer reports whether v, a non-nil interface, holds a nil pointer
+// (or another nil value of a kind that can be nil).
+func isNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
+}
+
 var (
 	_ advisory.AcquireTracer = (*Tracer)(nil)
 	_ advisory.ReleaseTracer = (*Tracer)(nil)
@@ -118,9 +132,14 @@ var (
 )
 
 // New returns a Tracer with its instruments created on cfg's meter. It
-// returns the meter's error if an instrument cannot be created.
+// returns the meter's error if an instrument cannot be created, and an
+// error matching advisory.ErrInvalid for a provider that is a nil pointer
+// (a typed nil in the interface, which would panic on first use).
 func New(cfg Config) (*Tracer, error) {
 	tp, mp := cfg.TracerProvider, cfg.MeterProvider
+	if tp != nil && isNilPointer(tp) || mp != nil && isNilPointer(mp) {
+		return nil, fmt.Errorf("%w: pgxlockotel: a nil pointer as TracerProvider or MeterProvider", advisory.ErrInvalid)
+	}
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}

@@ -381,3 +381,12 @@ func TestRenewOfDeletedRowIsLost(t *testing.T) {
 	assert.Equal(t, "lost", attrs(spans[0].Attributes())[pgxlockotel.AttrResult].AsString())
 	assert.Equal(t, "error", attrs(spans[1].Attributes())[pgxlockotel.AttrResult].AsString())
 }
+
+// New's doc: a provider that is a nil pointer is ErrInvalid, not a panic
+// at first use (review 31k: New panicked).
+func TestNewRefusesNilPointerProviders(t *testing.T) {
+	_, err := pgxlockotel.New(pgxlockotel.Config{TracerProvider: (*sdktrace.TracerProvider)(nil)})
+	require.ErrorIs(t, err, advisory.ErrInvalid)
+	_, err = pgxlockotel.New(pgxlockotel.Config{MeterProvider: (*sdkmetric.MeterProvider)(nil)})
+	require.ErrorIs(t, err, advisory.ErrInvalid)
+}
