@@ -472,7 +472,7 @@ func TestLockInTxRoundTrips(t *testing.T) {
 				_ = call()
 				assert.Equal(t, want, counter.Count(), name)
 			}
-			many := []keys.Key{key(t), key(t), keys.Pair(1, 2)}
+			many := []keys.Key{key(t), key(t), keys.Pair(pgtest.UniqueInt32(t), 2)} // unique: other packages run at once
 			measure("lock", 1+extra, func() error { return l.LockInTx(ctx, tx, key(t), nil) })
 			measure("lock all", 1+extra, func() error { return l.LockAllInTx(ctx, tx, many, nil) })
 			uctx := noDeadline(t, ctx)

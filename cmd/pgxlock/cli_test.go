@@ -210,7 +210,8 @@ func TestConnectionFromPGVariables(t *testing.T) {
 	assert.Equal(t, cfg.Database, got.Database)
 	assert.Equal(t, appName, got.RuntimeParams["application_name"])
 
-	code, out, errOut := runInProcess(t, env, "locks", "--json", "--key", "1,2")
+	// A key of the test's own: other packages' tests run on the same server at once.
+	code, out, errOut := runInProcess(t, env, "locks", "--json", "--key", keys.Int64(pgtest.UniqueInt64(t)).String())
 	require.Equal(t, 0, code, errOut)
 	assert.Contains(t, out, `"locks":[]`)
 
