@@ -292,12 +292,7 @@ func TestCallbackLeavingATransaction(t *testing.T) {
 // ended the session): an awaited database state, not a sleep.
 func awaitGone(ctx context.Context, t *testing.T, pid uint32) {
 	t.Helper()
-	admin := pgtest.Pool(t)
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", int32(pid)).Scan(&n))
-		return n == 0
-	}, time.Minute, 5*time.Millisecond, "backend %d still there", pid)
+	pgtest.AwaitBackendGone(ctx, t, pgtest.Pool(t), pid)
 }
 
 // lock_timeout set on the role: a call without a bound waits as long as it

@@ -203,12 +203,7 @@ func TestIdleInTransactionTimeoutIsNotCommitted(t *testing.T) {
 		_, err := tx.Exec(ctx, "INSERT INTO "+table+" VALUES (1)")
 		require.NoError(t, err)
 		pid = tx.Conn().PgConn().PID()
-		// The event: the server ended the idle session.
-		require.Eventually(t, func() bool {
-			var n int
-			require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", int32(pid)).Scan(&n))
-			return n == 0
-		}, 20*time.Second, 5*time.Millisecond)
+		pgtest.AwaitBackendGone(ctx, t, admin, pid) // the event: the server ended the idle session
 		return nil
 	})
 	require.ErrorIs(t, err, pooltx.ErrNotCommitted)
